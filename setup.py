@@ -1,0 +1,28 @@
+"""Installable package for est: the Equivariant Spherical Transformer for molecules."""
+from setuptools import find_packages, setup
+
+setup(
+    name="est",
+    version="0.1.0",
+    description="Equivariant Spherical Transformer (EST) layers and EquiformerV2-style backbones",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=find_packages(include=["est", "est.*"]),
+    package_data={"est.sphere": ["data/*.npz"], "est.data": ["assets/*"]},
+    include_package_data=True,
+    install_requires=[
+        "torch>=2.2",
+        "e3nn>=0.5",
+        "torch-geometric>=2.4",
+        "numpy",
+        "lmdb",
+        "hydra-core>=1.3",
+        "ase>=3.22",
+    ],
+    extras_require={
+        # all 130,831 QM9 molecules as CSV, read offline from the installed wheel
+        "qm9": ["qm9pack"],
+        "dev": ["pytest>=7", "scipy", "matplotlib"],
+    },
+)
