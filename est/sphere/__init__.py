@@ -1,1 +1,30 @@
+"""Sampling the sphere: point sets, weights, and the spherical Fourier transform.
 
+``sphere_points`` answers "which points and weights"; ``SphericalFourierTransform``
+is "the transform". See :mod:`est.sphere.points` for what each kind makes exact.
+"""
+from .points import (
+    KINDS,
+    default_num_points,
+    design_points,
+    equiangular_points,
+    fibonacci_points,
+    gauss_legendre_points,
+    relax_points,
+    sphere_points,
+)
+from .transform import NORMALIZATIONS, SphericalFourierTransform, transform_matrices
+
+__all__ = [
+    "KINDS",
+    "NORMALIZATIONS",
+    "sphere_points",
+    "fibonacci_points",
+    "gauss_legendre_points",
+    "equiangular_points",
+    "design_points",
+    "relax_points",
+    "default_num_points",
+    "SphericalFourierTransform",
+    "transform_matrices",
+]

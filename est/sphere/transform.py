@@ -1,0 +1,139 @@
+r"""The spherical Fourier transform between irreps features and sphere samples.
+
+With points :math:`p_s`, weights :math:`w_s` (sum :math:`4\pi`) and
+:math:`Y_{sk} = Y_k(p_s)` (component normalisation):
+
+.. math::
+    F_{nsc} = \sum_k A_{sk} x_{nkc} \quad\text{(to the sphere)},\qquad
+    x'_{nkc} = \sum_s B_{ks} F'_{nsc} \quad\text{(back to irreps)}.
+
+``normalization`` chooses ``A`` and ``B``:
+
+* ``"quadrature"``: :math:`A = Y`, :math:`B_{ks} = w_s Y_{sk} / 4\pi` (a true
+  quadrature: exact for the grids and designs at their minimal sizes);
+* ``"lambda"`` (the EST paper, Eq. 12): :math:`A = Y`,
+  :math:`B_{ks} = \lambda_k Y_{sk}` with :math:`\lambda_k = 1/\sum_s Y_{sk}^2`;
+* ``"column"`` (the released EST code): :math:`\hat Y_{sk} = Y_{sk}/\lVert Y_{:k}\rVert`,
+  :math:`A = \hat Y`, :math:`B = \hat Y^T`. Grid values are then about
+  :math:`1/\sqrt S` of the function values.
+
+Grid rotation (EST's training-time augmentation): rotating the points by
+``R`` turns ``Y`` into ``Y D(R)^T``; we apply it as ``to_sphere(D^T x)`` and
+``D from_sphere(F)`` with one Wigner-D per sample, which is exact for every
+normalisation and never rebuilds the matrices.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..so3._harmonics import spherical_harmonics
+from ..so3._layout import check_lmax, num_coefficients
+from .points import sphere_points
+
+__all__ = ["SphericalFourierTransform", "NORMALIZATIONS", "transform_matrices"]
+
+NORMALIZATIONS = ("quadrature", "lambda", "column")
+
+
+def transform_matrices(
+    lmax: int, points: torch.Tensor, weights: torch.Tensor, normalization: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(A [S, K], B [K, S])`` in float64 for the given points and normalisation."""
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"unknown normalization {normalization!r}; expected one of {NORMALIZATIONS}")
+    Y = spherical_harmonics(lmax, points.to(torch.float64))  # [S, K]
+    if normalization == "quadrature":
+        return Y, (weights.to(torch.float64)[:, None] * Y).T / (4 * math.pi)
+    col = (Y * Y).sum(0)  # [K]
+    if normalization == "lambda":
+        return Y, (Y / col).T
+    Yhat = Y / col.sqrt()
+    return Yhat, Yhat.T.contiguous()
+
+
+class SphericalFourierTransform(nn.Module):
+    """Irreps ``[N, K, C]`` <-> sphere samples ``[N, S, C]`` by two cached matmuls.
+
+    Args (keyword-only after ``lmax``):
+        lmax: maximum degree L; ``K = (L+1)^2``.
+        kind: point set, see :func:`est.sphere.sphere_points`.
+        num_points, degree, resolution, relax_steps: passed to ``sphere_points``.
+        normalization: ``"quadrature"``, ``"lambda"`` or ``"column"`` (module docstring).
+
+    Attributes:
+        points ``[S, 3]``, weights ``[S]``, to_matrix ``[S, K]``,
+        from_matrix ``[K, S]``: buffers (``persistent=False``: not in
+        checkpoints; they follow ``.to(device, dtype)``).
+
+    Example:
+        >>> sft = SphericalFourierTransform(2, kind="gauss-legendre").double()
+        >>> x = torch.randn(5, 9, 4, dtype=torch.float64)
+        >>> torch.allclose(sft.from_sphere(sft.to_sphere(x)), x)
+        True
+    """
+
+    def __init__(
+        self,
+        lmax: int,
+        *,
+        kind: str = "design",
+        num_points: int | None = None,
+        normalization: str = "quadrature",
+        degree: int | None = None,
+        resolution: tuple[int, int] | None = None,
+        relax_steps: int = 0,
+    ) -> None:
+        super().__init__()
+        if normalization not in NORMALIZATIONS:
+            raise ValueError(f"unknown normalization {normalization!r}; expected one of {NORMALIZATIONS}")
+        self.lmax = check_lmax(lmax)
+        self.kind = kind
+        self.normalization = normalization
+        points, weights = sphere_points(
+            kind, lmax, num_points, degree=degree, resolution=resolution, relax_steps=relax_steps
+        )
+        A, B = transform_matrices(lmax, points, weights, normalization)
+        dtype = torch.get_default_dtype()
+        self.register_buffer("points", points.to(dtype), persistent=False)
+        self.register_buffer("weights", weights.to(dtype), persistent=False)
+        self.register_buffer("to_matrix", A.to(dtype), persistent=False)
+        self.register_buffer("from_matrix", B.to(dtype), persistent=False)
+
+    @property
+    def num_points(self) -> int:
+        return self.points.shape[0]
+
+    @property
+    def num_coefficients(self) -> int:
+        return num_coefficients(self.lmax)
+
+    def extra_repr(self) -> str:
+        return f"lmax={self.lmax}, kind={self.kind!r}, num_points={self.num_points}, normalization={self.normalization!r}"
+
+    def _check(self, x: torch.Tensor, dim_size: int, what: str, name: str) -> None:
+        if x.dim() < 2 or x.shape[-2] != dim_size:
+            raise ValueError(
+                f"{name}: expected a tensor [..., {dim_size} ({what}), C], got shape {tuple(x.shape)}"
+            )
+
+    def to_sphere(self, x: torch.Tensor, rotation: torch.Tensor | None = None) -> torch.Tensor:
+        """``[..., K, C] -> [..., S, C]``. ``rotation``: Wigner-D ``[..., K, K]`` rotating the grid."""
+        self._check(x, self.num_coefficients, f"K for lmax={self.lmax}", "to_sphere")
+        if rotation is not None:
+            x = rotation.transpose(-1, -2) @ x  # [..., K, C]
+        return self.to_matrix.to(x.dtype) @ x  # [..., S, C]
+
+    def from_sphere(self, f: torch.Tensor, rotation: torch.Tensor | None = None) -> torch.Tensor:
+        """``[..., S, C] -> [..., K, C]``; ``rotation`` as in :meth:`to_sphere`."""
+        self._check(f, self.num_points, "S points", "from_sphere")
+        x = self.from_matrix.to(f.dtype) @ f  # [..., K, C]
+        if rotation is not None:
+            x = rotation @ x
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Linear round trip ``from_sphere(to_sphere(x))`` (identity for exact kinds)."""
+        return self.from_sphere(self.to_sphere(x))
