@@ -6,3 +6,7 @@ nodes), K = (L+1)^2 real spherical-harmonic coefficients in l-major order
 y axis), C channels.
 """
 __version__ = "0.1.0"
+
+from .nn import ESTBlock, ESTBlockConfig, SphericalTransformer, SteerableFFN  # noqa: E402
+
+__all__ = ["ESTBlock", "ESTBlockConfig", "SphericalTransformer", "SteerableFFN", "__version__"]

@@ -1,0 +1,197 @@
+r"""The EST update block: a dense mixture of steerable and spherical experts.
+
+.. math::
+    g = \mathrm{softmax}\big(W_2\,\mathrm{SiLU}(W_1\,\mathrm{SiLU}\dots\mathrm{LN}(x_0))\big) \in \mathbb{R}^{E},\qquad
+    u = \sum_{i<E_{st}} g_i\,\mathrm{FFN}_i(x) + \mathrm{ST}(x, g_{E_{st}:}),\qquad
+    x \leftarrow x + \mathrm{DropPath}(u)
+
+with :math:`\mathrm{FFN}_i` EquiformerV2's feed-forward network
+(:class:`~est.nn.ffn.SteerableFFN`, each with its own pre-norm) and ST the
+:class:`~est.nn.spherical_transformer.SphericalTransformer` whose spherical
+experts take the remaining gates. The gates read only l = 0 channels, so they
+are invariant. Every expert always runs (no routing, no balancing loss). With
+a single expert in total the router is skipped (g = 1).
+
+In training, ``grid_rotation=True`` draws one uniformly random rotation per
+graph (``batch``) and rotates the spherical Transformer's grid; in eval the
+grid is fixed, so eval is deterministic.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..so3 import random_rotation, wigner_D
+from ..sphere import default_num_points
+from .drop import GraphDropPath
+from .ffn import SteerableFFN, SteerableFFNConfig
+from .grid import GridConfig, check_features
+from .spherical_transformer import SphericalTransformer, SphericalTransformerConfig
+
+__all__ = ["ESTBlock", "ESTBlockConfig", "PRESETS", "preset_config"]
+
+
+@dataclass(kw_only=True)
+class ESTBlockConfig:
+    """Every knob of the EST block (keyword-only; Hydra configs map 1:1)."""
+
+    lmax: int
+    channels: int
+    num_steerable_experts: int = 1
+    num_spherical_experts: int = 1
+    ffn_hidden_channels: int = 128
+    ffn_norm: str = "rms_norm_sh"
+    ffn_grid: GridConfig = field(default_factory=lambda: GridConfig(kind="equiangular"))
+    num_heads: int = 1
+    encoding: str = "concat"
+    mlp_ratio: int = 4
+    grid: GridConfig = field(default_factory=lambda: GridConfig(kind="design", normalization="quadrature"))
+    grid_rotation: bool = True
+    drop_path: float = 0.0
+    router_hidden_channels: int | None = None  # default: channels
+
+    def __post_init__(self) -> None:
+        if self.num_steerable_experts < 0 or self.num_spherical_experts < 0:
+            raise ValueError("expert counts must be >= 0")
+        if self.num_steerable_experts + self.num_spherical_experts == 0:
+            raise ValueError("ESTBlock needs at least one expert (num_steerable_experts + num_spherical_experts >= 1)")
+
+
+def _paper(lmax: int) -> dict:
+    return dict(
+        grid=GridConfig(kind="fibonacci", num_points=default_num_points(lmax), normalization="column"),
+        num_heads=1,
+        encoding="concat",
+        num_steerable_experts=1,
+        num_spherical_experts=1,
+        grid_rotation=True,
+        ffn_hidden_channels=512,
+    )
+
+
+def _default(lmax: int) -> dict:
+    # our default: a spherical design of degree 3L (exact round trip and exact
+    # quadratic terms of the nonlinearity); chosen in benchmarks/bench_est_block.py
+    return dict(grid=GridConfig(kind="design", degree=3 * lmax, normalization="quadrature"))
+
+
+PRESETS = {"paper": _paper, "default": _default}
+
+
+def preset_config(preset: str, *, lmax: int, channels: int, **overrides) -> ESTBlockConfig:
+    """Config of a named preset (``"paper"``: the released EST module; ``"default"``: ours)."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown ESTBlock preset {preset!r}; expected one of {sorted(PRESETS)}")
+    values = PRESETS[preset](lmax)
+    values.update(overrides)
+    return ESTBlockConfig(lmax=lmax, channels=channels, **values)
+
+
+class ESTBlock(nn.Module):
+    """Residual EST update ``forward(x [N, K, C], batch [N] | None) -> [N, K, C]``.
+
+    Build it from a config or keywords; ``preset="paper"`` reproduces the
+    released module, ``preset=None`` uses our default (see README):
+
+    >>> block = ESTBlock(lmax=2, channels=8)
+    >>> block(torch.randn(5, 9, 8)).shape
+    torch.Size([5, 9, 8])
+    """
+
+    def __init__(self, config: ESTBlockConfig | None = None, *, preset: str | None = None, **kwargs) -> None:
+        super().__init__()
+        if config is None:
+            if "lmax" not in kwargs or "channels" not in kwargs:
+                raise TypeError("ESTBlock needs lmax= and channels= (or a config)")
+            config = preset_config(preset or "default", **kwargs)
+        elif kwargs or preset:
+            raise TypeError("pass either a config or keywords/preset, not both")
+        cfg = self.config = config
+        E_st, E_sph = cfg.num_steerable_experts, cfg.num_spherical_experts
+        self.num_experts = E_st + E_sph
+        C = cfg.channels
+        self.ffns = nn.ModuleList(
+            SteerableFFN(
+                SteerableFFNConfig(
+                    lmax=cfg.lmax, channels=C, hidden_channels=cfg.ffn_hidden_channels, norm=cfg.ffn_norm, grid=cfg.ffn_grid
+                )
+            )
+            for _ in range(E_st)
+        )
+        self.spherical = (
+            SphericalTransformer(
+                SphericalTransformerConfig(
+                    lmax=cfg.lmax,
+                    channels=C,
+                    num_heads=cfg.num_heads,
+                    encoding=cfg.encoding,
+                    num_experts=E_sph,
+                    mlp_ratio=cfg.mlp_ratio,
+                    grid=cfg.grid,
+                )
+            )
+            if E_sph
+            else None
+        )
+        if self.num_experts > 1:
+            hidden = cfg.router_hidden_channels or C
+            self.router = nn.Sequential(
+                nn.LayerNorm(C), nn.Linear(C, hidden), nn.SiLU(), nn.Linear(hidden, self.num_experts), nn.SiLU()
+            )
+        else:
+            self.router = None
+        self.drop_path = GraphDropPath(cfg.drop_path)
+        for m in self.modules():
+            if hasattr(m, "check_inputs") and m is not self:
+                m.check_inputs = False
+        self.check_inputs = True
+
+    def gates(self, x: torch.Tensor) -> torch.Tensor:
+        """Invariant expert weights ``[N, E]`` from the l = 0 channels."""
+        if self.router is None:
+            return x.new_ones(x.shape[0], 1)
+        return torch.softmax(self.router(x[:, 0]), dim=-1)
+
+    def _grid_rotation(self, x: torch.Tensor, batch: torch.Tensor | None):
+        if not (self.training and self.config.grid_rotation and self.spherical is not None):
+            return None
+        num_graphs = 1 if batch is None else int(batch.max()) + 1
+        R = random_rotation(num_graphs, dtype=x.dtype, device=x.device)  # [B, 3, 3]
+        D = wigner_D(self.config.lmax, R)  # [B, K, K]
+        if batch is None:
+            return D.expand(x.shape[0], -1, -1), R.expand(x.shape[0], -1, -1)
+        return D[batch], R[batch]  # [N, K, K], [N, 3, 3]
+
+    def forward(self, x: torch.Tensor, batch: torch.Tensor | None = None) -> torch.Tensor:
+        cfg = self.config
+        if self.check_inputs:
+            check_features(x, lmax=cfg.lmax, channels=cfg.channels, name="ESTBlock")
+            if batch is not None and (batch.dim() != 1 or batch.shape[0] != x.shape[0]):
+                raise ValueError(
+                    f"ESTBlock: batch must be a 1-D index with one entry per atom ({x.shape[0]}), "
+                    f"got shape {tuple(batch.shape)}"
+                )
+        g = self.gates(x)  # [N, E]
+        E_st = cfg.num_steerable_experts
+        update = None
+        for i, ffn in enumerate(self.ffns):
+            term = g[:, i, None, None] * ffn(x)  # [N, K, C]
+            update = term if update is None else update + term
+        if self.spherical is not None:
+            term = self.spherical(x, g[:, E_st:], rotation=self._grid_rotation(x, batch))  # [N, K, C]
+            update = term if update is None else update + term
+        return x + self.drop_path(update, batch)
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (
+            f"lmax={c.lmax}, channels={c.channels}, experts={c.num_steerable_experts}+{c.num_spherical_experts}, "
+            f"grid={c.grid.kind}, heads={c.num_heads}, encoding={c.encoding!r}"
+        )
+
+    @staticmethod
+    def config_fields() -> list[str]:
+        return [f.name for f in dataclasses.fields(ESTBlockConfig)]

@@ -1,0 +1,138 @@
+r"""The spherical Transformer: attention over the sphere points of each atom.
+
+For each atom, with features :math:`h \in \mathbb{R}^{K\times C}` and points
+:math:`p_1..p_S`:
+
+1. scalar path :math:`h_0' = \mathrm{SiLU}(W_0\,\mathrm{LN}(h_0))`;
+2. :math:`F = \mathcal{F}h \in \mathbb{R}^{S\times C}` (values at the points),
+   per-point LayerNorm over channels;
+3. :math:`Q, K, V = F W_{q,k,v} + b`, split into heads;
+4. orientation encoding: ``"concat"`` appends :math:`p_s` to every head's
+   queries and keys, so logits are :math:`(q_s\cdot k_t + p_s\cdot p_t)/\sqrt{d+3}`
+   (the paper); ``"bias"`` adds a learned :math:`\sum_n a_{hn} P_n(p_s\cdot p_t)`
+   (Legendre polynomials; rotation invariant); ``"none"`` adds nothing;
+5. softmax attention over the S points (``scaled_dot_product_attention``),
+   with :math:`\log w_t` added to the logits when the quadrature weights
+   :math:`w_t` are not all equal, so that the attention sum is the quadrature
+   of :math:`\int e^{q\cdot k(t)} v(t)\,dt / \int e^{q\cdot k(t)}\,dt` (without it a
+   Gauss-Legendre or equiangular grid over-weights its poles and the module is
+   not equivariant however fine the grid);
+6. gated spherical experts :math:`\sum_e g_e\,\mathrm{MLP}_e` per point;
+7. back to irreps :math:`\mathcal{F}^{-1}`, with the l = 0 row replaced by :math:`h_0'`.
+
+Everything acting per point commutes with a rotation of the points, so the
+module is exactly as equivariant as the point set lets the transform pair be
+(measured in ``benchmarks/bench_est_block.py``). In training, a random
+rotation per graph can rotate the grid (``rotation`` argument: one Wigner-D
+per atom, and rotated points for the encoding).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .grid import GridConfig, check_features
+
+__all__ = ["SphericalTransformer", "SphericalTransformerConfig", "ENCODINGS"]
+
+ENCODINGS = ("concat", "bias", "none")
+
+
+@dataclass(kw_only=True)
+class SphericalTransformerConfig:
+    lmax: int
+    channels: int
+    num_heads: int = 1
+    encoding: str = "concat"
+    num_experts: int = 1
+    mlp_ratio: int = 4
+    bias_degree: int = 8  # Legendre degree of the "bias" encoding
+    grid: GridConfig = field(default_factory=GridConfig)
+
+
+def _legendre_table(cosines: np.ndarray, degree: int) -> np.ndarray:
+    """``P_n(cos)`` for ``n = 0..degree`` by Bonnet's recursion: ``[degree+1, ...]``."""
+    P = [np.ones_like(cosines), cosines]
+    for n in range(1, degree):
+        P.append(((2 * n + 1) * cosines * P[n] - n * P[n - 1]) / (n + 1))
+    return np.stack(P[: degree + 1])
+
+
+class SphericalTransformer(nn.Module):
+    """``forward(x [N, K, C], gates [N, E] | None, rotation=None) -> [N, K, C]``.
+
+    ``rotation``: ``(D [N, K, K], R [N, 3, 3])`` rotating each atom's grid.
+    ``gates=None`` averages the experts.
+    """
+
+    def __init__(self, config: SphericalTransformerConfig | None = None, **kwargs) -> None:
+        super().__init__()
+        cfg = config if config is not None else SphericalTransformerConfig(**kwargs)
+        if cfg.encoding not in ENCODINGS:
+            raise ValueError(f"unknown orientation encoding {cfg.encoding!r}; expected one of {ENCODINGS}")
+        if cfg.channels % cfg.num_heads:
+            raise ValueError(f"channels={cfg.channels} must be divisible by num_heads={cfg.num_heads}")
+        if cfg.num_experts < 1:
+            raise ValueError(f"SphericalTransformer needs at least one expert, got num_experts={cfg.num_experts}")
+        self.config = cfg
+        C = cfg.channels
+        self.sft = cfg.grid.build(cfg.lmax)
+        self.scalar = nn.Sequential(nn.LayerNorm(C), nn.Linear(C, C), nn.SiLU())
+        self.point_norm = nn.LayerNorm(C)
+        self.q, self.k, self.v = nn.Linear(C, C), nn.Linear(C, C), nn.Linear(C, C)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(C), nn.Linear(C, cfg.mlp_ratio * C), nn.SiLU(), nn.Linear(cfg.mlp_ratio * C, C))
+            for _ in range(cfg.num_experts)
+        )
+        w = self.sft.weights
+        if not torch.allclose(w, w.mean().expand_as(w), rtol=1e-9, atol=0):
+            self.register_buffer("log_weights", torch.log(w / w.mean()), persistent=False)  # [S]
+        else:
+            self.log_weights = None
+        if cfg.encoding == "bias":
+            pts = self.sft.points.double().numpy()
+            table = _legendre_table(np.clip(pts @ pts.T, -1, 1), cfg.bias_degree)  # [D+1, S, S]
+            self.register_buffer("legendre", torch.from_numpy(table).to(self.sft.points.dtype), persistent=False)
+            self.bias_coeff = nn.Parameter(torch.zeros(cfg.num_heads, cfg.bias_degree + 1))  # [H, D+1]
+        self.check_inputs = True
+
+    def _attention_bias(self, dtype) -> torch.Tensor | None:
+        bias = None
+        if self.config.encoding == "bias":
+            bias = torch.einsum("hd,dst->hst", self.bias_coeff.to(dtype), self.legendre.to(dtype))  # [H, S, S]
+        if self.log_weights is not None:
+            lw = self.log_weights.to(dtype)[None, None, :]  # [1, 1, S] over keys
+            bias = lw if bias is None else bias + lw
+        return bias
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        gates: torch.Tensor | None = None,
+        rotation: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        cfg = self.config
+        if self.check_inputs:
+            check_features(x, lmax=cfg.lmax, channels=cfg.channels, name="SphericalTransformer")
+        N, H = x.shape[0], cfg.num_heads
+        D, R = rotation if rotation is not None else (None, None)
+        h0 = self.scalar(x[:, 0])  # [N, C]
+        f = self.point_norm(self.sft.to_sphere(x, rotation=D))  # [N, S, C]
+        S = f.shape[1]
+        q, k, v = (lin(f).unflatten(-1, (H, -1)).transpose(1, 2) for lin in (self.q, self.k, self.v))  # [N, H, S, d]
+        if cfg.encoding == "concat":
+            pts = self.sft.points.to(x.dtype)  # [S, 3]
+            pts = pts.expand(N, S, 3) if R is None else pts @ R.transpose(-1, -2)  # [N, S, 3]
+            pts = pts[:, None].expand(N, H, S, 3)  # [N, H, S, 3]
+            q, k = torch.cat([q, pts], dim=-1), torch.cat([k, pts], dim=-1)  # [N, H, S, d+3]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=self._attention_bias(q.dtype))  # [N, H, S, d]
+        o = o.transpose(1, 2).flatten(-2)  # [N, S, C]
+        if gates is None:
+            gates = x.new_full((N, cfg.num_experts), 1.0 / cfg.num_experts)
+        y = sum(gates[:, e, None, None] * expert(o) for e, expert in enumerate(self.experts))  # [N, S, C]
+        out = self.sft.from_sphere(y, rotation=D)  # [N, K, C]
+        return torch.cat([h0[:, None], out[:, 1:]], dim=1)  # [N, K, C]
