@@ -1,1 +1,27 @@
+"""Data for est: one sample type (PyG ``Data``, see ``docs/CONVENTIONS.md``) from
+QM9 (qm9pack CSVs, PyG raw folder, original xyz release), OC20-layout LMDB files
+(fairchem's and ours), ASE databases, and an OC20-layout EMT dataset generator;
+plus atom-balanced batching and fitted target statistics.
+"""
+from .sample import SAMPLE_FIELDS, ALWAYS_FIELDS, make_sample
+from .safe_pickle import UnsafePickleError, RestrictedUnpickler, safe_loads
+from .lmdb_io import (
+    LmdbDataset, LmdbWriter, write_lmdb, DataFileError, CorruptRecordError, DEFAULT_KEY_MAP,
+)
+from .ase_db import AseDbDataset, atoms_to_sample
+from .qm9 import QM9, qm9_split, QM9_SIZE, STANDARD_SPLIT
+from .qm9_formats import TARGET_NAMES as QM9_TARGET_NAMES, TARGET_UNITS as QM9_TARGET_UNITS
+from .sampler import BalancedBatchSampler, balanced_split, get_natoms
+from .stats import Normalizer, LinearReference, fit_normalizer, fit_linear_reference, collect_targets
+from .cache import default_cache_dir
 
+__all__ = [
+    "SAMPLE_FIELDS", "ALWAYS_FIELDS", "make_sample",
+    "UnsafePickleError", "RestrictedUnpickler", "safe_loads",
+    "LmdbDataset", "LmdbWriter", "write_lmdb", "DataFileError", "CorruptRecordError", "DEFAULT_KEY_MAP",
+    "AseDbDataset", "atoms_to_sample",
+    "QM9", "qm9_split", "QM9_SIZE", "STANDARD_SPLIT", "QM9_TARGET_NAMES", "QM9_TARGET_UNITS",
+    "BalancedBatchSampler", "balanced_split", "get_natoms",
+    "Normalizer", "LinearReference", "fit_normalizer", "fit_linear_reference", "collect_targets",
+    "default_cache_dir",
+]

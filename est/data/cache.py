@@ -1,0 +1,64 @@
+"""Where processed data goes, and writing it atomically.
+
+The cache folder is, in order: the ``cache_dir`` argument, ``$EST_CACHE_DIR``,
+``$XDG_CACHE_HOME/est``, ``~/.cache/est``. Processed files are never written
+into a user's source folder.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+__all__ = ["default_cache_dir", "cache_key", "atomic_savez", "is_inside"]
+
+
+def default_cache_dir(cache_dir: Optional[str] = None) -> str:
+    if cache_dir:
+        return os.path.abspath(os.path.expanduser(os.fspath(cache_dir)))
+    env = os.environ.get("EST_CACHE_DIR")
+    if env:
+        return os.path.abspath(os.path.expanduser(env))
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = xdg if xdg else os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "est")
+
+
+def cache_key(payload: Dict[str, Any]) -> str:
+    """Stable short hash of a JSON-able description (source files, options, version)."""
+    text = json.dumps(payload, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def file_signature(path: str) -> Dict[str, Any]:
+    st = os.stat(path)
+    return {"path": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def is_inside(path: str, folder: str) -> bool:
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    try:
+        return os.path.commonpath([path, folder]) == folder
+    except ValueError:
+        return False
+
+
+def atomic_savez(path: str, **arrays: np.ndarray) -> None:
+    """``np.savez`` to ``path`` via a temporary file in the same folder + ``os.replace``."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise

@@ -1,0 +1,137 @@
+"""The one sample type: a ``torch_geometric.data.Data`` with the fields of
+``docs/CONVENTIONS.md``.
+
+Every reader in :mod:`est.data` returns samples built by :func:`make_sample`,
+so batches from different sources mix cleanly:
+
+=================  ================  ==========================================
+field              dtype / shape     meaning
+=================  ================  ==========================================
+``pos``            float32 [n, 3]    positions, Angstrom
+``atomic_numbers`` int64 [n]         Z
+``natoms``         int64 [1]         n
+``cell``           float32 [1, 3, 3] lattice vectors as rows; zeros (molecules)
+``pbc``            bool [1, 3]       periodic directions; False (molecules)
+``fixed``          int64 [n]         1 = frozen atom; zeros for molecules
+``tags``           int64 [n]         0 sub-surface, 1 surface, 2 adsorbate
+``energy``         float32 [1]       eV (S2EF energy, IS2RE relaxed energy)
+``forces``         float32 [n, 3]    eV/A (S2EF)
+``y``              float32 [1, 19]   QM9 targets, PyG order and units
+``sid``/``fid``/   int64 [1]         identifiers (system, frame, index)
+``idx``
+=================  ================  ==========================================
+
+``energy``, ``forces`` and ``y`` are present only when the source has them;
+the other fields are always present.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+import numpy as np
+import torch
+from torch_geometric.data import Data
+
+__all__ = ["SAMPLE_FIELDS", "ALWAYS_FIELDS", "make_sample", "as_tensor"]
+
+#: every field a sample may carry (CONVENTIONS.md)
+SAMPLE_FIELDS = (
+    "pos", "atomic_numbers", "natoms", "cell", "pbc", "fixed", "tags",
+    "energy", "forces", "y", "sid", "fid", "idx",
+)
+#: fields every sample carries
+ALWAYS_FIELDS = ("pos", "atomic_numbers", "natoms", "cell", "pbc", "fixed", "tags", "sid", "fid", "idx")
+
+
+def as_tensor(value: Any, dtype: torch.dtype) -> torch.Tensor:
+    """Convert a tensor / numpy array / python number to a CPU tensor of ``dtype``."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(device="cpu", dtype=dtype)
+    if isinstance(value, np.ndarray):
+        if value.dtype == object:
+            raise TypeError(f"cannot convert an object array to a tensor: {value!r}")
+        if not value.flags.writeable or not value.flags.c_contiguous:
+            value = np.array(value, copy=True, order="C")
+        return torch.from_numpy(value).to(dtype)
+    return torch.as_tensor(value, dtype=dtype)
+
+
+def _id(value: Any, default: int) -> torch.Tensor:
+    """An identifier as int64 [1]; strings like ``"random1234"`` keep their digits."""
+    if value is None:
+        return torch.tensor([default], dtype=torch.long)
+    if isinstance(value, (str, bytes)):
+        text = value.decode() if isinstance(value, bytes) else value
+        digits = "".join(ch for ch in text if ch.isdigit())
+        return torch.tensor([int(digits) if digits else default], dtype=torch.long)
+    return as_tensor(value, torch.long).reshape(-1)[:1]
+
+
+def make_sample(
+    *,
+    pos: Any,
+    atomic_numbers: Any,
+    cell: Any = None,
+    pbc: Any = None,
+    fixed: Any = None,
+    tags: Any = None,
+    energy: Any = None,
+    forces: Any = None,
+    y: Any = None,
+    sid: Any = None,
+    fid: Any = None,
+    idx: Any = None,
+    extra: Optional[Mapping[str, Any]] = None,
+) -> Data:
+    """Build the canonical sample (see module docstring).
+
+    Missing ``cell`` -> zeros [1, 3, 3]; missing ``pbc`` -> True in all three
+    directions when the cell is non-zero (OC20 slabs), else False; missing
+    ``fixed``/``tags`` -> zeros; ``sid``/``fid``/``idx`` default to 0.
+    Float atomic numbers (old OC20 files) are rounded to int64.
+    ``extra`` adds further fields unchanged (e.g. ``pos_relaxed`` for IS2RS).
+    """
+    pos_t = as_tensor(pos, torch.float32).reshape(-1, 3)  # [n, 3]
+    n = pos_t.shape[0]
+    z = as_tensor(atomic_numbers, torch.float64).reshape(-1).round().to(torch.long)  # [n]
+    if z.numel() != n:
+        raise ValueError(f"atomic_numbers has {z.numel()} entries but pos has {n} rows")
+    if cell is None:
+        cell_t = torch.zeros(1, 3, 3)
+    else:
+        cell_t = as_tensor(cell, torch.float32).reshape(1, 3, 3)  # [1, 3, 3]
+    if pbc is None:
+        periodic = bool(cell_t.abs().sum() > 0)
+        pbc_t = torch.full((1, 3), periodic, dtype=torch.bool)
+    else:
+        pbc_t = as_tensor(pbc, torch.bool).reshape(1, 3)  # [1, 3]
+    fixed_t = torch.zeros(n, dtype=torch.long) if fixed is None else as_tensor(fixed, torch.long).reshape(-1)
+    tags_t = torch.zeros(n, dtype=torch.long) if tags is None else as_tensor(tags, torch.long).reshape(-1)
+    for name, t in (("fixed", fixed_t), ("tags", tags_t)):
+        if t.numel() != n:
+            raise ValueError(f"{name} has {t.numel()} entries but the sample has {n} atoms")
+    fields = dict(
+        pos=pos_t,
+        atomic_numbers=z,
+        natoms=torch.tensor([n], dtype=torch.long),
+        cell=cell_t,
+        pbc=pbc_t,
+        fixed=fixed_t,
+        tags=tags_t,
+    )
+    if energy is not None:
+        fields["energy"] = as_tensor(energy, torch.float32).reshape(1)
+    if forces is not None:
+        f = as_tensor(forces, torch.float32).reshape(-1, 3)  # [n, 3]
+        if f.shape[0] != n:
+            raise ValueError(f"forces has {f.shape[0]} rows but the sample has {n} atoms")
+        fields["forces"] = f
+    if y is not None:
+        fields["y"] = as_tensor(y, torch.float32).reshape(1, -1)
+    fields["sid"] = _id(sid, 0)
+    fields["fid"] = _id(fid, 0)
+    fields["idx"] = _id(idx, 0)
+    if extra:
+        for k, v in extra.items():
+            fields[k] = v
+    return Data(**fields)

@@ -1,0 +1,96 @@
+"""Target statistics fitted on training data, kept as module buffers so they
+are saved (and restored) with the model's ``state_dict``.
+
+* :class:`Normalizer`: ``(x - mean) / std`` and back.
+* :class:`LinearReference`: per-element references ``w[z]`` summed per graph,
+  ``E_ref(G) = sum_{i in G} w[z_i]`` (for each target column), fitted by least
+  squares ``min_w ||N w - E||^2`` with N the [graphs, elements] count matrix.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["Normalizer", "LinearReference", "fit_normalizer", "fit_linear_reference", "collect_targets"]
+
+
+class Normalizer(nn.Module):
+    """``norm(x) = (x - mean) / std``, ``denorm(y) = y * std + mean`` (buffers: saved with the model)."""
+
+    def __init__(self, mean: Any = 0.0, std: Any = 1.0):
+        super().__init__()
+        self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float64).clone())
+        self.register_buffer("std", torch.as_tensor(std, dtype=torch.float64).clone())
+
+    def norm(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean.to(x.dtype)) / self.std.to(x.dtype)
+
+    def denorm(self, y: torch.Tensor) -> torch.Tensor:
+        return y * self.std.to(y.dtype) + self.mean.to(y.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x)
+
+    def extra_repr(self) -> str:
+        return f"mean={self.mean.tolist()}, std={self.std.tolist()}"
+
+
+class LinearReference(nn.Module):
+    """Per-element linear reference: ``ref(batch)[g] = sum_{i in g} weight[z_i]`` -> [B] or [B, T]."""
+
+    def __init__(self, weight: Optional[torch.Tensor] = None, *, max_z: int = 100, num_targets: int = 1):
+        super().__init__()
+        if weight is None:
+            weight = torch.zeros(max_z + 1, num_targets, dtype=torch.float64)
+        weight = torch.as_tensor(weight, dtype=torch.float64)
+        if weight.dim() == 1:
+            weight = weight[:, None]
+        self.register_buffer("weight", weight.clone())  # [Zmax + 1, T]
+
+    def forward(self, atomic_numbers: torch.Tensor, batch: Optional[torch.Tensor] = None,
+                num_graphs: Optional[int] = None) -> torch.Tensor:
+        per_atom = self.weight[atomic_numbers]  # [N, T]
+        if batch is None:
+            batch = torch.zeros_like(atomic_numbers)
+        B = int(num_graphs) if num_graphs is not None else (int(batch.max()) + 1 if batch.numel() else 0)
+        out = torch.zeros(B, per_atom.shape[1], dtype=per_atom.dtype, device=per_atom.device)
+        out.index_add_(0, batch, per_atom)  # [B, T]
+        return out[:, 0] if out.shape[1] == 1 else out
+
+
+def collect_targets(dataset: Any, key: str = "energy", indices: Optional[Sequence[int]] = None,
+                    column: Optional[int] = None):
+    """(targets [M] or [M, T] float64, list of atomic-number tensors) from a dataset."""
+    indices = range(len(dataset)) if indices is None else indices
+    ys, zs = [], []
+    for i in indices:
+        s = dataset[int(i)]
+        v = getattr(s, key).to(torch.float64).reshape(-1)
+        ys.append(v if column is None else v[column : column + 1])
+        zs.append(s.atomic_numbers)
+    y = torch.stack(ys)  # [M, T]
+    return (y[:, 0] if y.shape[1] == 1 else y), zs
+
+
+def fit_normalizer(values: Any) -> Normalizer:
+    """Normalizer with the mean and (population) std of ``values`` ([M] or [M, T])."""
+    v = torch.as_tensor(values, dtype=torch.float64)
+    std = v.std(dim=0, unbiased=False)
+    return Normalizer(v.mean(dim=0), torch.where(std > 0, std, torch.ones_like(std)))
+
+
+def fit_linear_reference(targets: Any, atomic_numbers: Sequence[torch.Tensor], *, max_z: int = 100) -> LinearReference:
+    """Least-squares per-element references (no intercept); unseen elements get 0."""
+    y = torch.as_tensor(targets, dtype=torch.float64)
+    Y = y[:, None] if y.dim() == 1 else y  # [M, T]
+    counts = np.zeros((len(atomic_numbers), max_z + 1))
+    for g, z in enumerate(atomic_numbers):
+        np.add.at(counts[g], np.asarray(z, dtype=np.int64), 1.0)
+    present = counts.sum(0) > 0
+    w, *_ = np.linalg.lstsq(counts[:, present], Y.numpy(), rcond=None)
+    weight = np.zeros((max_z + 1, Y.shape[1]))
+    weight[present] = w
+    return LinearReference(torch.from_numpy(weight))
