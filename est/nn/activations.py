@@ -23,10 +23,13 @@ rotations only as far as the quadrature is exact; the error is aliasing of
 the products of degree > L that SiLU creates, so it shrinks with finer grids
 (``tests/test_message.py`` measures it). Gates and the l=0 path are exact.
 
-Grid normalisation: ``"integral"`` evaluates the function with orthonormal
-harmonics (values divided by :math:`\sqrt{4\pi}`, EquiformerV2/e3nn's
-``normalization="integral"``), ``"component"`` with the component-normalised
-harmonics of :mod:`est.so3`. The choice matters because SiLU is not homogeneous.
+Grid normalisation (e3nn's ``ToS2Grid`` names): the grid function is
+:math:`f = \sum_{l,m} n_l\, x_{lm} Y_{lm}` with the component-normalised
+harmonics of :mod:`est.so3` and the projection divides by :math:`n_l` again:
+``"component"`` :math:`n_l = 1/\sqrt{(2l+1)(L+1)}` (what EquiformerV2's
+``SO3_Grid`` uses), ``"integral"`` :math:`n_l = 1/\sqrt{4\pi}`, ``"norm"``
+:math:`n_l = 1/\sqrt{L+1}`, ``"none"`` :math:`n_l = 1`. The choice matters
+because SiLU is not homogeneous.
 
 ``truncation_rescale`` (m-major only): multiply degrees :math:`l > M` by
 :math:`s_l = \sqrt{(2l+1)/(2M+1)}` in both :math:`A` and :math:`B`, as
@@ -47,7 +50,7 @@ from .edges import truncation_rescale as _degree_rescale
 
 __all__ = ["SmoothLeakyReLU", "S2GridActivation", "SeparableS2Activation", "GateActivation", "GRID_NORMALIZATIONS"]
 
-GRID_NORMALIZATIONS = ("integral", "component")
+GRID_NORMALIZATIONS = ("component", "integral", "norm", "none")
 
 
 class SmoothLeakyReLU(nn.Module):
@@ -73,6 +76,18 @@ def _layout(lmax: int, mmax: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     return m_major_index(lmax, mmax), m_major_degrees(lmax, mmax)
 
 
+def _grid_scale(normalization: str, lmax: int) -> torch.Tensor:
+    """``[L+1]`` factors n_l of the grid normalisation (module docstring), float64."""
+    l = torch.arange(lmax + 1, dtype=torch.float64)
+    if normalization == "component":
+        return 1.0 / torch.sqrt((2 * l + 1) * (lmax + 1))
+    if normalization == "integral":
+        return torch.full_like(l, 1.0 / math.sqrt(4 * math.pi))
+    if normalization == "norm":
+        return torch.full_like(l, 1.0 / math.sqrt(lmax + 1))
+    return torch.ones_like(l)
+
+
 def _check(x: torch.Tensor, rows: int, channels: int | None, name: str, layout: str) -> None:
     if x.dim() != 3 or x.shape[1] != rows or (channels is not None and x.shape[2] != channels):
         c = "C" if channels is None else str(channels)
@@ -86,7 +101,7 @@ class S2GridActivation(nn.Module):
         lmax: L. mmax: ``None`` (l-major, K' = (L+1)^2) or M (m-major ``|m| <= M``).
         grid_kind, grid_resolution, grid_num_points: the point set
             (:func:`est.sphere.sphere_points`); EquiformerV2: ``"equiangular"``, ``(18, 18)``.
-        grid_normalization: ``"integral"`` (EquiformerV2) or ``"component"``.
+        grid_normalization: ``"component"`` (EquiformerV2), ``"integral"``, ``"norm"`` or ``"none"``.
         truncation_rescale: EquiformerV2's l>M rescale (m-major layout only).
 
     Buffers ``to_grid [S, K']`` and ``from_grid [K', S]`` are float64 and
@@ -101,7 +116,7 @@ class S2GridActivation(nn.Module):
         grid_kind: str = "equiangular",
         grid_resolution: tuple[int, int] | None = (18, 18),
         grid_num_points: int | None = None,
-        grid_normalization: str = "integral",
+        grid_normalization: str = "component",
         truncation_rescale: bool = True,
     ) -> None:
         super().__init__()
@@ -116,13 +131,13 @@ class S2GridActivation(nn.Module):
         resolution = grid_resolution if grid_kind in ("equiangular", "gauss-legendre") else None
         points, weights = sphere_points(grid_kind, lmax, grid_num_points, resolution=resolution)
         A, B = transform_matrices(lmax, points, weights, "quadrature")  # [S, K], [K, S] float64
-        index, _ = _layout(lmax, mmax)
+        index, degree = _layout(lmax, mmax)
         A, B = A[:, index], B[index, :]  # [S, K'], [K', S]
+        n = _grid_scale(grid_normalization, lmax)[degree]  # [K'] n_l
+        A, B = A * n, B / n[:, None]
         if mmax is not None and truncation_rescale:
-            s = _degree_rescale(lmax, mmax)  # [K']
+            s = _degree_rescale(lmax, mmax)  # [K'] s_l
             A, B = A * s, B * s[:, None]
-        if grid_normalization == "integral":
-            A, B = A / math.sqrt(4 * math.pi), B * math.sqrt(4 * math.pi)
         self.num_rows = index.numel()
         self.register_buffer("to_grid", A.contiguous(), persistent=False)
         self.register_buffer("from_grid", B.contiguous(), persistent=False)

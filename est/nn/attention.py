@@ -78,7 +78,7 @@ class AttentionConfig:
     use_sep_s2_act: separable S2 activation (l=0 from gate scalars) [True].
     alpha_drop: dropout on attention weights [0.1].
     grid_kind, grid_resolution, grid_num_points, grid_normalization: the S2 grid
-    [equiangular, (18, 18), None, "integral"].
+    [equiangular, (18, 18), None, "component"].
     rescale_truncated: sqrt((2l+1)/(2M+1)) on degrees l > M on the way back and on the grid [True].
     """
 
@@ -103,7 +103,7 @@ class AttentionConfig:
     grid_kind: str = "equiangular"
     grid_resolution: tuple[int, int] | None = (18, 18)
     grid_num_points: int | None = None
-    grid_normalization: str = "integral"
+    grid_normalization: str = "component"
     rescale_truncated: bool = True
 
     def __post_init__(self) -> None:
