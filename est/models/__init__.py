@@ -1,1 +1,17 @@
+"""Backbones and heads: EquiformerV2 with an EST-replaceable update block."""
+from .backbone import EquiformerV2Backbone
+from .config import ModelConfig
+from .heads import DirectForceHead, ScalarHead
+from .model import EquiformerV2
+from .registry import MODEL_CONFIGS, build_model, model_config
 
+__all__ = [
+    "EquiformerV2",
+    "EquiformerV2Backbone",
+    "ModelConfig",
+    "ScalarHead",
+    "DirectForceHead",
+    "MODEL_CONFIGS",
+    "build_model",
+    "model_config",
+]

@@ -29,12 +29,13 @@ class SteerableFFNConfig:
     lmax: int
     channels: int
     hidden_channels: int = 128
+    out_channels: int | None = None  # default: channels (1 for an energy head)
     norm: str | None = "rms_norm_sh"  # own pre-norm; None to skip
     grid: GridConfig = field(default_factory=lambda: GridConfig(kind="equiangular"))
 
 
 class SteerableFFN(nn.Module):
-    """``forward(x [N, K, C]) -> [N, K, C]`` (the update, without the residual)."""
+    """``forward(x [N, K, C]) -> [N, K, C_out]`` (the update, without the residual)."""
 
     def __init__(self, config: SteerableFFNConfig | None = None, **kwargs) -> None:
         super().__init__()
@@ -48,7 +49,7 @@ class SteerableFFN(nn.Module):
         self.grid_mlp = nn.Sequential(
             nn.Linear(H, H, bias=False), nn.SiLU(), nn.Linear(H, H, bias=False), nn.SiLU(), nn.Linear(H, H, bias=False)
         )
-        self.linear_out = DegreeLinear(lmax=L, in_channels=H, out_channels=C)
+        self.linear_out = DegreeLinear(lmax=L, in_channels=H, out_channels=cfg.out_channels or C)
         self.check_inputs = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -60,4 +61,4 @@ class SteerableFFN(nn.Module):
         f = self.grid_mlp(self.sft.to_sphere(h))  # [N, S, H]
         h = self.sft.from_sphere(f)  # [N, K, H]
         h = torch.cat([self.scalar(xn[:, 0])[:, None], h[:, 1:]], dim=1)  # [N, K, H]
-        return self.linear_out(h)  # [N, K, C]
+        return self.linear_out(h)  # [N, K, C_out]

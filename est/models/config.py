@@ -1,0 +1,110 @@
+"""The backbone's configuration: one keyword-only dataclass (Hydra maps 1:1)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+__all__ = ["ModelConfig", "UPDATES", "FORCE_MODES"]
+
+UPDATES = ("ffn", "est", "spherical")
+FORCE_MODES = ("direct", "gradient", None)
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """EquiformerV2-style backbone with a replaceable update block, and its heads.
+
+    Shape (EquiformerV2 OC20 S2EF-2M defaults): ``num_layers`` blocks of
+    SO(2) graph attention followed by the update; features ``[N, (L+1)^2, C]``.
+
+    update: ``"ffn"`` (EquiformerV2's feed-forward network), ``"est"`` (the
+    hybrid EST mixture), ``"spherical"`` (spherical experts only).
+    est_*: the EST block's options; ``None`` takes the value of ``est_preset``
+    (``"default"``: ours, ``"paper"``: the released module).
+    avg_num_nodes / avg_degree: dataset statistics (OC20: 77.81 / 23.39);
+    set them from your data (``est.data`` computes them).
+    regress_forces: ``"direct"`` (EquiformerV2's force head), ``"gradient"``
+    (``-dE/dx``, energy conserving; use ``envelope="polynomial"``), or ``None``.
+    regress_stress: stress ``(1/V) dE/d strain`` for periodic cells (needs gradient forces).
+    num_targets: > 0 adds a ``"properties"`` head with that many invariant scalars per graph (QM9).
+    """
+
+    # shape
+    num_layers: int = 12
+    lmax: int = 6
+    mmax: int = 2
+    channels: int = 128
+    attn_hidden_channels: int = 64
+    num_heads: int = 8
+    attn_alpha_channels: int = 64
+    attn_value_channels: int = 16
+    ffn_hidden_channels: int = 128
+    edge_channels: int = 128
+    max_num_elements: int = 90
+    use_atom_edge_embedding: bool = True
+    norm: str = "layer_norm_sh"
+    grid_resolution: tuple[int, int] = (18, 18)
+    # graph
+    cutoff: float = 12.0
+    max_neighbors: int | None = 20
+    use_pbc: bool = True
+    num_radial: int = 600
+    radial_width_factor: float = 2.0
+    envelope: str | None = None
+    # regularisation
+    drop_path: float = 0.05
+    alpha_drop: float = 0.1
+    # update block
+    update: str = "ffn"
+    est_preset: str = "default"
+    est_num_steerable_experts: int | None = None
+    est_num_spherical_experts: int | None = None
+    est_num_heads: int | None = None
+    est_encoding: str | None = None
+    est_grid_kind: str | None = None
+    est_grid_num_points: int | None = None
+    est_grid_degree: int | None = None
+    est_grid_normalization: str | None = None
+    est_grid_rotation: bool | None = None
+    est_mlp_ratio: int | None = None
+    # dataset statistics
+    avg_num_nodes: float = 77.81
+    avg_degree: float = 23.39
+    # heads
+    energy_reduce: str = "sum"
+    regress_energy: bool = True
+    regress_forces: str | None = "direct"
+    regress_stress: bool = False
+    num_targets: int = 0
+    property_reduce: str = "sum"
+
+    def __post_init__(self) -> None:
+        if self.update not in UPDATES:
+            raise ValueError(f"ModelConfig.update must be one of {UPDATES}, got {self.update!r}")
+        if self.regress_forces not in FORCE_MODES:
+            raise ValueError(f"ModelConfig.regress_forces must be one of {FORCE_MODES}, got {self.regress_forces!r}")
+        if self.regress_stress and self.regress_forces != "gradient":
+            raise ValueError("regress_stress needs regress_forces='gradient' (stress is a strain derivative of the energy)")
+        if not 0 <= self.mmax <= self.lmax:
+            raise ValueError(f"ModelConfig: mmax must be in 0..lmax={self.lmax}, got {self.mmax}")
+        for name in ("energy_reduce", "property_reduce"):
+            if getattr(self, name) not in ("sum", "mean"):
+                raise ValueError(f"ModelConfig.{name} must be 'sum' or 'mean', got {getattr(self, name)!r}")
+        if self.avg_num_nodes <= 0 or self.avg_degree <= 0:
+            raise ValueError("ModelConfig: avg_num_nodes and avg_degree must be > 0 (dataset statistics)")
+        self.grid_resolution = tuple(self.grid_resolution)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def replace(self, **changes) -> "ModelConfig":
+        unknown = sorted(set(changes) - set(self.field_names()))
+        if unknown:
+            raise ValueError(f"unknown model config keys {unknown}; valid keys: {self.field_names()}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["grid_resolution"] = list(d["grid_resolution"])
+        return d

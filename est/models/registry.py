@@ -1,0 +1,72 @@
+"""Named model configurations and ``build_model``.
+
+Published EquiformerV2 shapes (OC20, reference.md) and the EST paper code's
+defaults, plus small CPU sizes. Dataset statistics (``avg_num_nodes``,
+``avg_degree``) in the OC20 shapes are OC20's; override them for other data.
+"""
+from __future__ import annotations
+
+from .config import ModelConfig
+from .model import EquiformerV2
+
+__all__ = ["MODEL_CONFIGS", "build_model", "model_config"]
+
+_EQV2_OC20 = dict(
+    channels=128, attn_hidden_channels=64, num_heads=8, attn_alpha_channels=64, attn_value_channels=16,
+    ffn_hidden_channels=128, edge_channels=128, norm="layer_norm_sh", grid_resolution=(18, 18),
+    cutoff=12.0, max_neighbors=20, use_pbc=True, num_radial=600, alpha_drop=0.1,
+    avg_num_nodes=77.81, avg_degree=23.39, update="ffn", regress_forces="direct",
+)
+
+_TINY = dict(
+    num_layers=2, lmax=3, mmax=2, channels=32, attn_hidden_channels=32, num_heads=2, attn_alpha_channels=8,
+    attn_value_channels=8, ffn_hidden_channels=64, edge_channels=32, num_radial=32, grid_resolution=(10, 9),
+    norm="rms_norm_sh", cutoff=5.0, max_neighbors=None, drop_path=0.0, alpha_drop=0.0,
+    avg_num_nodes=18.0, avg_degree=15.0, max_num_elements=90,
+)
+
+MODEL_CONFIGS: dict[str, dict] = {
+    # EquiformerV2, OC20 S2EF-2M (83M parameters published)
+    "equiformer_v2-s2ef-2m": dict(_EQV2_OC20, num_layers=12, lmax=6, mmax=2, drop_path=0.05),
+    # EquiformerV2, OC20 S2EF-All+MD (31M)
+    "equiformer_v2-31m": dict(_EQV2_OC20, num_layers=8, lmax=4, mmax=2, drop_path=0.1),
+    # EquiformerV2, OC20 S2EF-All+MD (153M)
+    "equiformer_v2-153m": dict(_EQV2_OC20, num_layers=20, lmax=6, mmax=3, drop_path=0.1),
+    # the same shapes with the EST update (hybrid 1 + 1 experts, our default grid)
+    "est-s2ef-2m": dict(_EQV2_OC20, num_layers=12, lmax=6, mmax=2, drop_path=0.05, update="est"),
+    "est-31m": dict(_EQV2_OC20, num_layers=8, lmax=4, mmax=2, drop_path=0.1, update="est"),
+    # the EST paper code's defaults (est-method.md section 5)
+    "est-paper": dict(
+        _EQV2_OC20, num_layers=12, lmax=6, mmax=2, channels=128, num_heads=8, attn_hidden_channels=128,
+        attn_alpha_channels=32, attn_value_channels=16, ffn_hidden_channels=512, norm="rms_norm_sh",
+        cutoff=5.0, num_radial=600, update="est", est_preset="paper", drop_path=0.05,
+    ),
+    # CPU sizes: seconds per step on 2 cores
+    "est-tiny": dict(_TINY, update="est"),
+    "eqv2-tiny": dict(_TINY, update="ffn"),
+    "spherical-tiny": dict(_TINY, update="spherical"),
+    "est-paper-tiny": dict(_TINY, update="est", est_preset="paper"),
+    "est-small": dict(_TINY, num_layers=4, lmax=4, channels=64, attn_hidden_channels=64, num_heads=4,
+                      attn_alpha_channels=16, attn_value_channels=16, ffn_hidden_channels=128, edge_channels=64,
+                      num_radial=64, grid_resolution=(12, 11), update="est"),
+    "eqv2-small": dict(_TINY, num_layers=4, lmax=4, channels=64, attn_hidden_channels=64, num_heads=4,
+                       attn_alpha_channels=16, attn_value_channels=16, ffn_hidden_channels=128, edge_channels=64,
+                       num_radial=64, grid_resolution=(12, 11), update="ffn"),
+}
+
+
+def model_config(name: str, **overrides) -> ModelConfig:
+    """The :class:`ModelConfig` of a named shape, with field overrides."""
+    if name not in MODEL_CONFIGS:
+        raise ValueError(f"unknown model {name!r}; known: {sorted(MODEL_CONFIGS)}")
+    values = dict(MODEL_CONFIGS[name])
+    unknown = sorted(set(overrides) - set(ModelConfig.field_names()))
+    if unknown:
+        raise ValueError(f"unknown model config keys {unknown} for {name!r}; valid keys: {ModelConfig.field_names()}")
+    values.update(overrides)
+    return ModelConfig(**values)
+
+
+def build_model(name: str = "est-tiny", **overrides) -> EquiformerV2:
+    """Build a named model, e.g. ``build_model("est-tiny", regress_forces="gradient")``."""
+    return EquiformerV2(model_config(name, **overrides))
