@@ -273,6 +273,8 @@ def attention_num_parameters(config: AttentionConfig) -> int:
     conv1 = (L + 1) * 2 * C * ((L + 1) * H + X1) + (L + 1) * H + X1 + 2 * P * 2 * C * H
     radial = (R + 1) * Ec + 2 * Ec + (Ec + 1) * Ec + 2 * Ec + (Ec + 1) * 2 * C * Q
     conv2 = (L + 1) * H * ((L + 1) * V + X2) + (L + 1) * V + X2 + 2 * P * H * V
-    logits = 0 if c.use_s2_act_attn else (2 * c.alpha_channels if c.use_attn_renorm else 0) + c.num_heads * c.alpha_channels
+    logits = 0
+    if not c.use_s2_act_attn:
+        logits = (2 * c.alpha_channels if c.use_attn_renorm else 0) + c.num_heads * c.alpha_channels
     proj = (L + 1) * V * c.output_channels + c.output_channels
     return elem + conv1 + radial + conv2 + logits + proj

@@ -112,7 +112,12 @@ class EdgeDegreeEmbedding(nn.Module):
             num_elements=num_elements if use_atom_edge_embedding else 0, channels=edge_channels
         )
         self.radial = RadialMLP(
-            channels=[edge_scalar_channels + self.elements.extra_channels, edge_channels, edge_channels, (lmax + 1) * channels]
+            channels=[
+                edge_scalar_channels + self.elements.extra_channels,
+                edge_channels,
+                edge_channels,
+                (lmax + 1) * channels,
+            ]
         )
         scale = truncation_rescale(lmax, mmax)[: lmax + 1] if rescale_truncated else torch.ones(lmax + 1)
         self.register_buffer("rescale", scale.to(torch.float64), persistent=False)  # [L+1] on the m=0 rows

@@ -96,7 +96,8 @@ class GaussianRadialBasis(nn.Module):
             raise ValueError(f"GaussianRadialBasis: width_factor must be > 0, got {width_factor}")
         if envelope not in ENVELOPES:
             raise ValueError(f"GaussianRadialBasis: unknown envelope {envelope!r}; expected one of {ENVELOPES}")
-        self.num_basis, self.cutoff, self.start, self.width_factor = num_basis, float(cutoff), float(start), width_factor
+        self.num_basis, self.width_factor = num_basis, width_factor
+        self.cutoff, self.start = float(cutoff), float(start)
         centres = torch.linspace(start, cutoff, num_basis, dtype=torch.float64)  # [R]
         self.register_buffer("centres", centres.to(torch.get_default_dtype()), persistent=False)
         self.sigma = width_factor * (cutoff - start) / (num_basis - 1)
