@@ -355,3 +355,28 @@ def test_forces_and_stress_match_ase_lj():
     np.testing.assert_allclose(e.item(), atoms.get_potential_energy(), rtol=1e-10)
     np.testing.assert_allclose(forces.numpy(), atoms.get_forces(), atol=1e-10)
     np.testing.assert_allclose(stress[0].numpy(), atoms.get_stress(voigt=False), atol=1e-10)
+
+
+def test_chunked_blocks_and_groups_match(monkeypatch):
+    """Tiny block budget: targets processed in chunks, several size groups, global re-sort."""
+    import est.data.graph as graph_mod
+
+    mol = molecule("C6H6")
+    cases = [mol] + _periodic_cases() + [molecule("CH4")]
+    pos, cells, pbcs, ref, off = [], [], [], set(), 0
+    for a in cases:
+        ref |= _ase_set(a, 4.0, off)
+        off += len(a)
+        pos.append(a.positions)
+        cells.append(np.array(a.cell) if a.pbc.any() else np.zeros((3, 3)))
+        pbcs.append(a.pbc)
+    batch = torch.repeat_interleave(torch.arange(len(cases)), torch.tensor([len(a) for a in cases]))
+    P, C = _t(np.concatenate(pos)), _t(np.stack(cells))
+    pbc = torch.tensor(np.stack(pbcs))
+    full = radius_graph(P, 4.0, batch=batch, cell=C, pbc=pbc, max_neighbors=9)
+    monkeypatch.setattr(graph_mod, "_BLOCK_BUDGET", 64)
+    g = radius_graph(P, 4.0, batch=batch, cell=C, pbc=pbc)
+    assert _edge_set(g) == ref
+    _check_graph_consistency(g, P, C, batch)
+    small = radius_graph(P, 4.0, batch=batch, cell=C, pbc=pbc, max_neighbors=9)
+    assert _edge_set(small) == _edge_set(full)

@@ -22,9 +22,9 @@ Conventions
   Isolated atoms simply get no edges (documented, not an error).
 
 Algorithm: graphs are grouped by size (greedy, bounded padding waste) and each
-group is processed as one padded ``[G, n, C]`` distance block
-(``torch.cdist`` without the matmul trick, so distances are exact up to
-rounding); nothing is ever dense over the whole batch. Periodic graphs first
+group is processed as one padded ``[G, n, C]`` block of squared distances
+(one batched matmul in float64 on per-graph centred coordinates, absolute
+error ~1e-12 A^2); nothing is ever dense over the whole batch. Periodic graphs first
 wrap atoms into the cell (so unwrapped / MD positions work), then enumerate
 image offsets ``|n_k| <= ceil(cutoff / h_k)`` with ``h_k`` the spacing of the
 lattice planes spanned by the other two vectors (``h_a = V / |b x c|``), which
@@ -204,54 +204,57 @@ def _plan_groups(counts: List[int], nimg: List[int]) -> List[List[int]]:
         cur, nmax, smax, actual = [g], n, s, n * n * s
     if cur:
         groups.append(cur)
-    return groups
+    return sorted(sorted(g) for g in groups)
 
 
-def _select_block(
+def _select_sparse(
+    row: Tensor,
     d: Tensor,
-    rel: Tensor,
-    src_atom: Tensor,
-    cutoff: float,
-    max_neighbors: Optional[int],
+    nrows: int,
+    rel,
+    src: Tensor,
+    max_neighbors: int,
     tie_mode: str,
     tie_tol: float,
-) -> Tensor:
-    """Boolean keep-mask for a distance block ``d`` [G, T, C] (inf = invalid).
+) -> Optional[Tensor]:
+    """Keep-mask for candidate edges (all within the cutoff) sorted by ``row``
+    (one row per target). Returns None when nothing is dropped.
 
-    ``rel`` [G, T, C, 3] (or a callable-free lazily computed tensor) holds the
-    Cartesian edge vectors, ``src_atom`` [G, C] the global source index; both are
-    only used to break exact ties in ``tie_mode="strict"``.
+    ``d`` [E] distances, ``rel(sel)`` the Cartesian edge vectors of edges
+    ``sel`` and ``src`` [E] source atoms (the last two only break exact ties
+    in ``"strict"`` mode).
     """
-    within = d < cutoff
-    if max_neighbors is None or d.shape[-1] <= max_neighbors:
-        return within
     k = max_neighbors
-    d = d.masked_fill(~within, float("inf"))
-    dk = d.topk(k, dim=-1, largest=False).values[..., k - 1 : k]  # [G, T, 1] k-th smallest
+    cnt = torch.bincount(row, minlength=nrows)  # [R]
+    if int(cnt.max()) <= k:
+        return None
+    start = torch.cumsum(cnt, 0) - cnt
+    slot = torch.arange(row.numel(), device=d.device) - start.index_select(0, row)
+    D = torch.full((nrows, int(cnt.max())), float("inf"), dtype=d.dtype, device=d.device)  # [R, maxdeg]
+    D[row, slot] = d
+    dk = D.topk(k, dim=1, largest=False, sorted=False).values.amax(1).index_select(0, row)  # [E] k-th smallest
     if tie_mode == "include":
-        return within & (d <= dk + tie_tol)
-    # strict: everything clearly closer than the k-th, plus canonical choice among ties
+        return d <= dk + tie_tol
     less = d < dk - tie_tol
-    tied = within & ((d - dk).abs() <= tie_tol)
-    need = k - less.sum(-1)  # [G, T]
-    ntied = tied.sum(-1)
-    amb = ntied > need  # rows where the tie must be broken
+    tied = (d - dk).abs() <= tie_tol
+    need = k - torch.bincount(row, weights=less.to(d.dtype), minlength=nrows).round().long()  # [R]
+    amb = torch.bincount(row, weights=tied.to(d.dtype), minlength=nrows).round().long() > need  # ties to break
     keep = less | tied
-    if bool(amb.any()):
-        g, t, c = (tied & amb.unsqueeze(-1)).nonzero(as_tuple=True)
-        v = torch.round(rel(g, t, c).double() / 1e-2).long()  # [A, 3] Cartesian vector, 0.01 A grid
-        row = g * d.shape[1] + t
-        keys = [v[:, 2], v[:, 1], v[:, 0], src_atom[g, c], row]  # least significant first
-        perm = torch.arange(row.numel(), device=d.device)
-        for key in keys:
+    if not bool(amb.any()):
+        return keep
+    sel = (tied & amb.index_select(0, row)).nonzero().flatten()
+    if sel.numel():
+        v = torch.round(rel(sel).double() / 1e-2).long()  # [A, 3] Cartesian vector on a 0.01 A grid
+        r = row[sel]
+        perm = torch.arange(sel.numel(), device=d.device)
+        for key in (v[:, 2], v[:, 1], v[:, 0], src[sel], r):  # least significant first
             perm = perm[torch.sort(key[perm], stable=True).indices]
-        rs = row[perm]
+        rs = r[perm]
         first = torch.ones_like(rs, dtype=torch.bool)
         first[1:] = rs[1:] != rs[:-1]
-        start = torch.cummax(torch.where(first, torch.arange(rs.numel(), device=d.device), 0), 0).values
-        rank = torch.arange(rs.numel(), device=d.device) - start
-        drop = rank >= need[g[perm], t[perm]]
-        keep[g[perm][drop], t[perm][drop], c[perm][drop]] = False
+        ar = torch.arange(rs.numel(), device=d.device)
+        rank = ar - torch.cummax(torch.where(first, ar, 0), 0).values
+        keep[sel[perm[rank >= need[rs]]]] = False
     return keep
 
 
@@ -386,86 +389,117 @@ def radius_graph(
         counts_l = counts.tolist()
         ptr_l = ptr.tolist()
         groups = _plan_groups(counts_l, nimg)
-        out_t, out_s, out_o, out_g = [], [], [], []
+        # padding sentinels: padded targets sit at +far, dropped sources at -far
+        far = 2.0 * float(posw.abs().max()) + 10.0 * cutoff + 1.0
+        smax_all = img_table.shape[1]
+        out_t, out_s, out_i = [], [], []
         for gl in groups:
             gids = torch.tensor(gl, dtype=torch.long, device=device)
             G = len(gl)
             nmax = max(counts_l[g] for g in gl)
             smax = max(nimg[g] for g in gl)
             ar = torch.arange(nmax, device=device)
+            gptr = ptr[gids]  # [G]
             tvalid = ar[None] < counts[gids][:, None]  # [G, n]
-            tidx = torch.where(tvalid, ptr[gids][:, None] + ar[None], 0)  # [G, n]
-            tpos = posw[tidx]  # [G, n, 3]
-            offs = img_table[gids, :smax]  # [G, S, 3]
-            ivalid = img_valid[gids, :smax]  # [G, S]
-            if smax > 1 or (cell_d is not None and bool(per[gids].any())):
+            tidx = torch.where(tvalid, gptr[:, None] + ar[None], 0)  # [G, n]
+            tpos = torch.where(tvalid[..., None], posw.index_select(0, tidx.view(-1)).view(G, nmax, 3), far)
+            if smax > 1:
+                offs = img_table[gids, :smax]  # [G, S, 3]
+                ivalid = img_valid[gids, :smax]  # [G, S]
                 shifts = torch.einsum("gsk,gkl->gsl", offs.to(dtype), cell_d[gids])  # [G, S, 3]
                 spos = (tpos[:, None] + shifts[:, :, None]).reshape(G, smax * nmax, 3)  # [G, S*n, 3]
                 svalid = (ivalid[:, :, None] & tvalid[:, None, :]).reshape(G, smax * nmax)
-                if smax > 1:  # drop image atoms outside the targets' box grown by the cutoff
-                    big = torch.finfo(dtype).max
-                    lo_g = torch.where(tvalid[..., None], tpos, big).amin(1, keepdim=True) - cutoff
-                    hi_g = torch.where(tvalid[..., None], tpos, -big).amax(1, keepdim=True) + cutoff
-                    svalid &= ((spos > lo_g) & (spos < hi_g)).all(-1)
-                    ncand = svalid.sum(1)
-                    cmax = int(ncand.max())
-                    cidx = torch.sort((~svalid).to(torch.uint8), dim=1, stable=True).indices[:, :cmax]  # [G, C]
-                    spos = torch.gather(spos, 1, cidx[..., None].expand(G, cmax, 3))
-                    svalid = torch.gather(svalid, 1, cidx)
-                else:
-                    cidx = ar[None].expand(G, nmax)
+                # drop image atoms outside the targets' bounding box grown by the cutoff
+                big = torch.finfo(dtype).max
+                lo_g = torch.where(tvalid[..., None], tpos, big).amin(1, keepdim=True) - cutoff
+                hi_g = torch.where(tvalid[..., None], tpos, -big).amax(1, keepdim=True) + cutoff
+                svalid &= ((spos > lo_g) & (spos < hi_g)).all(-1)
+                cmax = int(svalid.sum(1).max())
+                order = torch.sort((~svalid).to(torch.uint8), dim=1, stable=True).indices  # [G, S*n]
+                cidx = order[:, :cmax]  # [G, C] candidate -> (image slot, atom)
+                spos = torch.gather(spos, 1, cidx[..., None].expand(G, cmax, 3))
+                spos = torch.where(torch.gather(svalid, 1, cidx)[..., None], spos, -far)  # [G, C, 3]
+                # column of each target's own (home-image) copy, to mask self pairs
+                inv = torch.empty_like(order)
+                inv.scatter_(1, order, torch.arange(order.shape[1], device=device).expand_as(order))
+                self_col = torch.gather(inv, 1, zero_pos[gids][:, None] * nmax + ar[None])  # [G, n]
+                self_col = self_col.clamp_max(cmax - 1)  # padded targets: any column (they are far away)
             else:
-                spos, svalid = tpos, tvalid
+                spos = torch.where(tvalid[..., None], tpos, -far)
                 cidx = ar[None].expand(G, nmax)
+                self_col = cidx
             C = spos.shape[1]
+            # squared distances as one batched matmul, in float64 on coordinates centred per graph:
+            # |a - b|^2 = [a, 1, |a|^2] . [-2b, |b|^2, 1]  (abs. error ~1e-12 A^2 for real atoms)
+            centre = (torch.where(tvalid[..., None], tpos, 0).sum(1, keepdim=True)
+                      / counts[gids][:, None, None]).double()  # [G, 1, 3]
+            tq = tpos.double() - centre  # [G, n, 3]
+            sq = spos.double() - centre  # [G, C, 3]
+            A = torch.cat([tq, torch.ones_like(tq[..., :1]), tq.square().sum(-1, keepdim=True)], -1)  # [G, n, 5]
+            Bt = torch.cat([-2.0 * sq, sq.square().sum(-1, keepdim=True), torch.ones_like(sq[..., :1])], -1)
+            Bt = Bt.transpose(1, 2).contiguous()  # [G, 5, C]
             s_img = cidx // nmax  # [G, C] image slot
-            s_loc = cidx - s_img * nmax  # [G, C] local source atom
-            src_atom = ptr[gids][:, None] + s_loc  # [G, C] global source atom
-            is_zero = s_img == zero_pos[gids][:, None]  # [G, C]
+            src_table = (gptr[:, None] + cidx - s_img * nmax).reshape(-1)  # [G*C] global source atom
+            img_id = (gids[:, None] * smax_all + s_img).reshape(-1)  # [G*C] row of img_table.view(-1, 3)
             tchunk = max(1, min(nmax, _BLOCK_BUDGET // max(1, G * C)))
             for t0 in range(0, nmax, tchunk):
                 t1 = min(nmax, t0 + tchunk)
-                tp = tpos[:, t0:t1]
-                d = torch.cdist(tp, spos, compute_mode="donot_use_mm_for_euclid_dist")  # [G, T, C]
-                selfm = is_zero[:, None, :] & (s_loc[:, None, :] == ar[t0:t1][None, :, None])
-                bad = selfm | ~(tvalid[:, t0:t1, None] & svalid[:, None, :])
-                d.masked_fill_(bad, float("inf"))
-                if bool((d < min_dist).any()):
-                    g, t, c = (d < min_dist).nonzero()[0].tolist()
-                    i = ptr_l[gl[g]] + t0 + t
-                    j = int(src_atom[g, c])
-                    img = offs[g, int(s_img[g, c])] - wrap[j] + wrap[i]
+                T = t1 - t0
+                d2 = torch.bmm(A[:, t0:t1], Bt)  # [G, T, C] squared distances
+                d2.scatter_(2, self_col[:, t0:t1, None], float("inf"))  # no self pairs
+                flat = (d2.view(-1) < cutoff * cutoff).nonzero().flatten()  # [E0] candidate edges
+                de = d2.view(-1).index_select(0, flat).clamp_min(0).sqrt()  # [E0]
+                row = flat // C  # [E0] g*T + t
+                gc = flat - row * C + (row // T) * C  # [E0] g*C + c
+                if de.numel() and float(de.min()) < min_dist:
+                    e = int((de < min_dist).nonzero()[0, 0])
+                    gl_e, t_e = int(row[e]) // T, int(row[e]) % T + t0
+                    i = ptr_l[gl[gl_e]] + t_e
+                    j = int(src_table[gc[e]])
+                    img = img_table.view(-1, 3)[img_id[gc[e]]] - wrap[j] + wrap[i]
                     where = "" if not bool(img.any()) else f" (periodic image {img.tolist()} of atom {j})"
                     raise ValueError(
-                        f"radius_graph: atoms {i} and {j} of graph {gl[g]} are {float(d[g, t, c]):.3g} A apart"
-                        f"{where}, closer than min_dist={min_dist}; duplicated atoms or a broken structure"
+                        f"radius_graph: atoms {i} and {j} of graph {gl[gl_e]} are {float(de[e]):.3g} A "
+                        f"apart{where}, closer than min_dist={min_dist}; duplicated atoms or a broken structure"
                     )
+                tgt_table = (gptr[:, None] + t0 + torch.arange(T, device=device)[None]).reshape(-1)  # [G*T]
+                srcs = src_table.index_select(0, gc)  # [E0]
+                if max_neighbors is not None:
+                    tp_flat = tpos[:, t0:t1].reshape(-1, 3)
 
-                def rel(g, t, c, tp=tp):
-                    return spos[g, c] - tp[g, t]
+                    def rel(sel, gc=gc, row=row, tp_flat=tp_flat, spos=spos):
+                        return spos.view(-1, 3)[gc[sel]] - tp_flat[row[sel]]  # [A, 3]
 
-                keep = _select_block(d, rel, src_atom, cutoff, max_neighbors, tie_mode, tie_tol)
-                g, t, c = keep.nonzero(as_tuple=True)
-                out_g.append(gids[g])
-                out_t.append(ptr[gids[g]] + t0 + t)
-                out_s.append(src_atom[g, c])
-                out_o.append(offs[g, s_img[g, c]])
+                    keep = _select_sparse(row, de, G * T, rel, srcs, max_neighbors, tie_mode, tie_tol)
+                    if keep is not None:
+                        keep = keep.nonzero().flatten()
+                        row, gc, srcs = row.index_select(0, keep), gc.index_select(0, keep), srcs.index_select(0, keep)
+                out_t.append(tgt_table.index_select(0, row))
+                out_s.append(srcs)
+                out_i.append(img_id.index_select(0, gc))
 
-        tgt = torch.cat(out_t)
-        src = torch.cat(out_s)
-        off = torch.cat(out_o)
-        if len(out_t) > 1 or (len(groups) == 1 and groups[0] != sorted(groups[0])):
+        tgt = torch.cat(out_t) if len(out_t) > 1 else out_t[0]
+        src = torch.cat(out_s) if len(out_s) > 1 else out_s[0]
+        iid = torch.cat(out_i) if len(out_i) > 1 else out_i[0]
+        if len(out_t) > 1:
             # each (group, chunk) is target-sorted within a graph; sort globally (stable)
             perm = torch.sort(tgt, stable=True).indices
-            tgt, src, off = tgt[perm], src[perm], off[perm]
+            tgt, src, iid = tgt[perm], src[perm], iid[perm]
         if any_per:
-            off = off - wrap[src] + wrap[tgt]
+            off = (img_table.view(-1, 3).index_select(0, iid) - wrap.index_select(0, src)
+                   + wrap.index_select(0, tgt))  # [E, 3]
+        else:
+            off = torch.zeros(tgt.numel(), 3, dtype=torch.long, device=device)
 
-    # differentiable edge vectors from the original pos / cell
-    edge_vec = pos[src] - pos[tgt]  # [E, 3]
+    # differentiable edge vectors: pos[j] + off @ cell - pos[i], evaluated as
+    # pos_w[j] + img @ cell - pos_w[i] with pos_w = pos - wrap @ cell (same value, fewer gathers)
     if any_per:
-        eb = batch[tgt]
-        edge_vec = edge_vec + torch.einsum("ek,ekl->el", off.to(dtype), cell.to(dtype)[eb])
+        cell_t = cell.to(dtype)
+        pos_w = pos - torch.einsum("nk,nkl->nl", wrap.to(dtype), cell_t[batch])  # [N, 3]
+        shift_tab = torch.einsum("bsk,bkl->bsl", img_table.to(dtype), cell_t).reshape(-1, 3)  # [B*S, 3]
+        edge_vec = pos_w.index_select(0, src) - pos_w.index_select(0, tgt) + shift_tab.index_select(0, iid)
+    else:
+        edge_vec = pos.index_select(0, src) - pos.index_select(0, tgt)  # [E, 3]
     edge_len = torch.linalg.vector_norm(edge_vec, dim=-1)  # [E]
     return Graph(torch.stack([src, tgt]), edge_vec, edge_len, off)
 
