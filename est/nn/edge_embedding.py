@@ -80,7 +80,7 @@ class EdgeDegreeEmbedding(nn.Module):
         channels: C, the node feature width.
         edge_scalar_channels: R, width of ``frame.edge_scalars`` (600 Gaussians in EquiformerV2).
         edge_channels: E_c, hidden width of the radial MLP (and of the element embeddings).
-        num_elements: size of the element tables (0 or ``use_atom_edge_embedding=False``: none).
+        num_elements: size of the element tables (index = atomic number; EquiformerV2: 90).
         use_atom_edge_embedding: concatenate source/target element embeddings to the edge scalars.
         avg_degree: mean number of incoming edges per atom in the training data (> 0).
         rescale_truncated: EquiformerV2's ``sqrt((2l+1)/(2M+1))`` on degrees ``l > M``.
@@ -94,7 +94,7 @@ class EdgeDegreeEmbedding(nn.Module):
         channels: int,
         edge_scalar_channels: int,
         edge_channels: int,
-        num_elements: int = 0,
+        num_elements: int = 90,
         use_atom_edge_embedding: bool = True,
         avg_degree: float,
         rescale_truncated: bool = True,
