@@ -264,8 +264,10 @@ class QM9(Dataset):
         path = None
         if cache_dir is not False:
             folder = os.path.join(default_cache_dir(cache_dir if cache_dir is not True else None), "qm9")
-            src_folder = self.source_path if os.path.isdir(self.source_path) else os.path.dirname(self.source_path)
-            if self.source != "qm9pack" and is_inside(folder, src_folder):
+            # a folder source (PyG raw folder, extracted xyz folder) is never written into;
+            # a single archive file cannot be written into anyway
+            src_folder = self.source_path if os.path.isdir(self.source_path) else None
+            if self.source != "qm9pack" and src_folder is not None and is_inside(folder, src_folder):
                 raise ValueError(
                     f"cache folder {folder} is inside the QM9 source folder {src_folder}; est never writes into a "
                     "source folder: pass another cache_dir (or set EST_CACHE_DIR)"
@@ -363,4 +365,5 @@ class QM9(Dataset):
         return self.transform(sample) if self.transform is not None else sample
 
     def __repr__(self) -> str:
-        return f"QM9(source={self.source!r}, split={self.split!r}, molecules={len(self)})"
+        n = len(self.indices) if hasattr(self, "indices") else "?"
+        return f"QM9(source={getattr(self, 'source', '?')!r}, split={getattr(self, 'split', '?')!r}, molecules={n})"

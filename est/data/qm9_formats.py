@@ -92,12 +92,18 @@ class Record:
     frequencies: Optional[np.ndarray] = None
 
 
+_REF_TABLE = np.zeros((10, 4))
+for _z, _refs in B3LYP_ATOM_ENERGIES.items():
+    _REF_TABLE[_z] = _refs
+
+
 def atomisation_hartree(native: np.ndarray, z: np.ndarray) -> np.ndarray:
     """U0, U, H, G minus the free-atom B3LYP energies, Hartree [4]."""
-    ref = np.zeros(4)
-    for zi in z:
-        ref += np.asarray(B3LYP_ATOM_ENERGIES[int(zi)])
-    return native[10:14] - ref
+    return native[10:14] - _REF_TABLE[z].sum(axis=0)
+
+
+# native[3:15] = mu, alpha, homo, lumo, gap, r2, zpve, U0, U, H, G, cv -> PyG targets 0-11
+_NATIVE_CONV = np.array([1, 1, HAR2EV, HAR2EV, HAR2EV, 1, HAR2EV, HAR2EV, HAR2EV, HAR2EV, HAR2EV, 1], dtype=np.float64)
 
 
 def to_pyg_targets(native: np.ndarray, z: np.ndarray) -> np.ndarray:
@@ -108,14 +114,12 @@ def to_pyg_targets(native: np.ndarray, z: np.ndarray) -> np.ndarray:
     x 27.211386246 (PyG's CSV gives them in kcal/mol, x 0.04336414; the two
     agree to ~1e-5 eV).
     """
-    A, B, C, mu, alpha, homo, lumo, gap, r2, zpve, U0, U, H, G, cv = [float(v) for v in native]
-    atom = atomisation_hartree(np.asarray(native, dtype=np.float64), z) * HAR2EV
-    return np.array(
-        [mu, alpha, homo * HAR2EV, lumo * HAR2EV, gap * HAR2EV, r2, zpve * HAR2EV,
-         U0 * HAR2EV, U * HAR2EV, H * HAR2EV, G * HAR2EV, cv,
-         atom[0], atom[1], atom[2], atom[3], A, B, C],
-        dtype=np.float64,
-    )
+    native = np.asarray(native, dtype=np.float64)
+    out = np.empty(19, dtype=np.float64)
+    out[0:12] = native[3:15] * _NATIVE_CONV
+    out[12:16] = atomisation_hartree(native, z) * HAR2EV
+    out[16:19] = native[0:3]
+    return out
 
 
 def pyg_csv_to_targets(values: Sequence[float]) -> np.ndarray:
@@ -180,7 +184,7 @@ def read_qm9pack_csv(files: Sequence[str]) -> Iterator[Record]:
                 try:
                     symbols = row[ie].translate(_STRIP).split(",")
                     z = np.array([SYMBOL_TO_Z[s] for s in symbols], dtype=np.int64)
-                    pos = np.array(row[ix].translate(_STRIP).split(","), dtype=np.float64).reshape(-1, 3)
+                    pos = np.array([float(v) for v in row[ix].translate(_STRIP).split(",")]).reshape(-1, 3)
                     if pos.shape[0] != z.shape[0]:
                         raise ValueError(f"{pos.shape[0]} positions for {z.shape[0]} elements")
                     native = np.array([float(row[c]) for c in native_cols], dtype=np.float64)
@@ -380,8 +384,8 @@ def read_xyz_folder(folder: str, *, exclude: Optional[Set[int]] = None) -> Itera
 
 def _mathematica(v: float) -> str:
     """Format like the QM9 release: small magnitudes in ``*^`` notation."""
-    if v != 0.0 and abs(v) < 1e-4:
-        mant, exp = f"{v:.6e}".split("e")
+    if v != 0.0 and abs(v) < 1e-3:
+        mant, exp = f"{v:.12e}".split("e")
         return f"{mant.rstrip('0').rstrip('.')}*^{int(exp)}"
     return repr(float(v))
 

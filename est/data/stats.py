@@ -17,7 +17,18 @@ from torch import nn
 __all__ = ["Normalizer", "LinearReference", "fit_normalizer", "fit_linear_reference", "collect_targets"]
 
 
-class Normalizer(nn.Module):
+class _ResizingBuffers(nn.Module):
+    """Buffers take the shape of the state being loaded (a fresh module restores any fit)."""
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        for name, buf in list(self._buffers.items()):
+            key = prefix + name
+            if key in state_dict and buf is not None and state_dict[key].shape != buf.shape:
+                self._buffers[name] = torch.empty_like(state_dict[key], dtype=buf.dtype, device=buf.device)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+class Normalizer(_ResizingBuffers):
     """``norm(x) = (x - mean) / std``, ``denorm(y) = y * std + mean`` (buffers: saved with the model)."""
 
     def __init__(self, mean: Any = 0.0, std: Any = 1.0):
@@ -38,7 +49,7 @@ class Normalizer(nn.Module):
         return f"mean={self.mean.tolist()}, std={self.std.tolist()}"
 
 
-class LinearReference(nn.Module):
+class LinearReference(_ResizingBuffers):
     """Per-element linear reference: ``ref(batch)[g] = sum_{i in g} weight[z_i]`` -> [B] or [B, T]."""
 
     def __init__(self, weight: Optional[torch.Tensor] = None, *, max_z: int = 100, num_targets: int = 1):
