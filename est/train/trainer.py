@@ -1,0 +1,605 @@
+"""The training loop: one process, one GPU or many (torchrun / DDP).
+
+>>> cfg = load_config(["+experiment=qm9_quick", "trainer.max_steps=100"])
+>>> Trainer(cfg).fit()
+
+Per optimiser step (all ranks in lock step):
+
+1. counts of the global batch (graphs, free atoms) and the stop flag
+   (SIGTERM/SIGINT) are all-reduced;
+2. forward under bf16 autocast on GPU (fp32 on CPU), loss scaled by
+   ``world / global count`` (so DDP's gradient averaging gives the loss of the
+   global batch, whatever each rank's share of atoms);
+3. a non-finite loss on any rank (all-reduced) or a non-finite gradient norm
+   skips the update on every rank; more than ``trainer.max_bad_batches`` of
+   them stop the run naming the step and the batch ids (weights untouched);
+4. backward, gradient clipping, AdamW, LambdaLR, EMA update.
+
+Evaluation uses the EMA weights; metrics are all-reduced sums over counts.
+``last.pt`` is written at every evaluation, every ``save_every`` steps, on
+SIGTERM/SIGINT and at the end; ``best.pt`` when the monitored metric improves.
+A run with ``trainer.resume=auto`` continues from ``run_dir/last.pt``
+exactly: same sampler position, RNG states, optimiser, scheduler and EMA.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import math
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from .checkpoint import FORMAT_VERSION, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .config import ConfigError, TrainConfig, to_container
+from .data import Prefetcher, build_datasets, dataset_natoms, make_loader, resolve_model_stats
+from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_object, setup_distributed
+from .ema import EMA
+from .logs import MetricsCSV, TensorBoard, plot_learning_curve, plot_parity, summary_table
+from .optim import CosineWarmup, build_optimizer
+from .sampler import GlobalBatchSampler
+from .tasks import Task, build_task
+
+__all__ = ["Trainer", "NonFiniteLossError", "build_model_from_config", "evaluate_checkpoint"]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss or the gradients became NaN/inf more often than allowed."""
+
+
+def _plain(model_cfg: Any) -> Dict[str, Any]:
+    if isinstance(model_cfg, DictConfig):
+        return OmegaConf.to_container(model_cfg, resolve=True)  # type: ignore[return-value]
+    return dict(model_cfg)
+
+
+def build_model_from_config(cfg: Any) -> nn.Module:
+    """The model of ``cfg.model``: ``est.models.build_model(**cfg.model)``.
+
+    ``model._target_: package.module.Class`` builds any other ``nn.Module``
+    with the remaining keys as keyword arguments instead. Unknown model options
+    raise :class:`ConfigError` naming ``model.<key>``.
+    """
+    m = _plain(cfg.model if hasattr(cfg, "model") else cfg["model"])
+    target = m.pop("_target_", None)
+    if target:
+        mod_name, _, cls_name = str(target).rpartition(".")
+        try:
+            factory = getattr(importlib.import_module(mod_name), cls_name)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"model._target_={target!r} cannot be imported ({exc}). Fix: give an importable 'module.Class'.") from None
+        label = target
+    else:
+        try:
+            from est.models import build_model as factory  # type: ignore[attr-defined]
+        except ImportError as exc:
+            raise ConfigError(f"est.models.build_model is not available ({exc}). Fix: install the full est package, "
+                              "or set model._target_=your.module.Model.") from None
+        label = m.get("name")
+        from .config import check_model_keys
+
+        check_model_keys(m | {"name": label})
+    try:
+        return factory(**m)
+    except TypeError as exc:
+        text = str(exc)
+        for key in m:
+            if f"'{key}'" in text and ("unexpected keyword" in text or "got an unexpected" in text):
+                raise ConfigError(f"model.{key} is not an option of model {label!r} ({text}). "
+                                  f"Fix: remove model.{key} or use one of the model's config fields.") from None
+        raise
+
+
+def _set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    """See module docstring.
+
+    Args:
+        cfg: the composed config (:func:`~est.train.config.load_config`).
+        datasets: optional ``{"train": ..., "val": ..., "test": ...}`` of
+            canonical samples, replacing the datasets the config describes.
+        info: distributed info (default: from the environment, torchrun's).
+    """
+
+    def __init__(self, cfg: DictConfig, *, datasets: Optional[Dict[str, Any]] = None, info: Optional[DistInfo] = None):
+        if not isinstance(cfg, DictConfig):
+            cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg)
+        self.cfg = cfg
+        t, d = cfg.trainer, cfg.data
+        self.info = info or setup_distributed(t.device)
+        self.device = self.info.device
+        self.run_dir = os.path.abspath(cfg.run_dir)
+        self.log = print if self.info.is_main else (lambda *a, **k: None)
+        if self.info.is_main:
+            os.makedirs(self.run_dir, exist_ok=True)
+        barrier(self.info)
+        self.task: Task = build_task(d, t)
+        self.monitor = t.monitor or self.task.primary_metric
+        if self.monitor not in self.task.metric_names():
+            raise ConfigError(f"trainer.monitor={self.monitor!r} is not a metric of data.task={d.task}. "
+                              f"Fix: choose one of {', '.join(self.task.metric_names())}.")
+
+        # ---------------------------------------------------------------- resume?
+        ckpt = None
+        last = os.path.join(self.run_dir, "last.pt")
+        if t.resume == "auto" and os.path.isfile(last):
+            ckpt = load_checkpoint(last)
+        elif t.resume not in ("auto", "never"):
+            ckpt = load_checkpoint(t.resume)
+        self.resumed_from = None if ckpt is None else (last if t.resume == "auto" else t.resume)
+
+        # ---------------------------------------------------------------- data
+        self.datasets = datasets if datasets is not None else build_datasets(d, self.info)
+        if "train" not in self.datasets:
+            raise ConfigError("no training data. Fix: set data.train_path (OC20) or a QM9 source.")
+        self.train_ds = self.datasets["train"]
+        if len(self.train_ds) == 0:
+            raise ConfigError("the training set is empty. Fix: check data paths and data.subset.")
+        self.sampler = GlobalBatchSampler(
+            len(self.train_ds), global_batch_size=d.batch_size, rank=self.info.rank, world_size=self.info.world_size,
+            natoms=dataset_natoms(self.train_ds) if d.sampler == "balanced" and self.info.world_size > 1 else None,
+            balanced=d.sampler == "balanced", shuffle=d.shuffle, seed=cfg.seed, train=True)
+        self.steps_per_epoch = self.sampler.num_batches()
+        if self.steps_per_epoch == 0:
+            raise ConfigError(f"the training set ({len(self.train_ds)} samples) gives no batch of data.batch_size={d.batch_size}.")
+        total = t.max_epochs * self.steps_per_epoch
+        self.total_steps = min(total, t.max_steps) if t.max_steps else total
+        warm = t.warmup_steps if t.warmup_steps is not None else int(round(t.warmup_epochs * self.steps_per_epoch))
+
+        # ---------------------------------------------------------------- normalisers + model config
+        if ckpt is not None:
+            self.task.load_state_dict(ckpt["normalizers"])
+            model_cfg = ckpt["config"]["model"]
+            now = _plain(cfg.model)
+            diff = sorted(k for k in set(now) | set(model_cfg) if now.get(k) != model_cfg.get(k) and now.get(k) != "auto")
+            if diff:
+                raise ConfigError(f"{self.resumed_from} was trained with a different model config ({', '.join('model.' + k for k in diff)}). "
+                                  "Fix: use a new run_dir, or trainer.resume=never to start over in this one.")
+        else:
+            if self.info.is_main:
+                norm = self.task.fit_normalizers(self.train_ds, t.normalizer)
+                model_cfg = resolve_model_stats(_plain(cfg.model), self.train_ds, seed=cfg.seed)
+            else:
+                norm, model_cfg = None, None
+            norm, model_cfg = broadcast_object((norm, model_cfg), self.info)
+            self.task.norm = norm
+        self.model_cfg = model_cfg
+        self.task.to(self.device)
+        self.config_dict = to_container(cfg)
+        self.config_dict["model"] = model_cfg
+
+        # ---------------------------------------------------------------- model
+        _set_seed(cfg.seed)  # identical initialisation on every rank
+        self.module = build_model_from_config({"model": model_cfg}).to(self.device)
+        self.amp = bool(t.amp and self.device.type == "cuda")
+        self.grad_in_eval = t.grad_in_eval if t.grad_in_eval is not None else (
+            model_cfg.get("regress_forces") == "gradient" or getattr(self.module, "regress_forces", None) == "gradient")
+        self.optimizer = build_optimizer(self.module, lr=t.lr, weight_decay=t.weight_decay, betas=t.betas)
+        self.lr_lambda = CosineWarmup(warmup_steps=warm, total_steps=self.total_steps,
+                                      warmup_factor=t.warmup_factor, lr_min_factor=t.lr_min_factor)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.lr_lambda)
+        self.ema = EMA(self.module, decay=t.ema_decay) if t.ema_decay else None
+        if self.info.enabled:
+            self.model: nn.Module = nn.parallel.DistributedDataParallel(
+                self.module, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                find_unused_parameters=t.find_unused_parameters)
+        else:
+            self.model = self.module
+        self.step = 0
+        self.epoch = 0
+        self.position = 0
+        self.bad_batches = 0
+        self.best = {"metric": self.monitor, "value": float("inf"), "step": -1}
+        self.history: List[Dict[str, float]] = []
+        self._stop_signal: Optional[int] = None
+        self.on_step_end: Optional[Callable[["Trainer"], None]] = None
+        self.last_eval_step = -1
+        if ckpt is not None:
+            self._load_state(ckpt)
+            self.log(f"[est.train] resumed from {self.resumed_from} at step {self.step} (epoch {self.epoch}, batch {self.position})")
+        else:
+            _set_seed(cfg.seed + 1000 * self.info.rank)
+        names = self.task.metric_names()
+        self.csv = MetricsCSV(os.path.join(self.run_dir, "metrics.csv"), names,
+                              resume_step=self.step if ckpt is not None else None) if self.info.is_main else None
+        self.tb = TensorBoard(os.path.join(self.run_dir, "tb"), enabled=t.tensorboard and self.info.is_main)
+        nparam = sum(p.numel() for p in self.module.parameters())
+        self.log(f"[est.train] task={d.task} model={model_cfg.get('name', model_cfg.get('_target_'))} params={nparam:,} "
+                 f"train={len(self.train_ds)} " + " ".join(f"{k}={len(v)}" for k, v in self.datasets.items() if k != "train")
+                 + f" world={self.info.world_size} device={self.device} steps={self.total_steps} "
+                 f"({self.steps_per_epoch}/epoch, global batch {d.batch_size}) run_dir={self.run_dir}")
+
+    # ==================================================================== state
+    def state_dict(self) -> Dict[str, Any]:
+        rngs = all_gather_object(rng_state(), self.info)
+        return {
+            "format": FORMAT_VERSION,
+            "step": self.step, "epoch": self.epoch,
+            "sampler": {"epoch": self.epoch, "position": self.position, "seed": self.sampler.seed},
+            "model": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+            "normalizers": self.task.state_dict(),
+            "rng": rngs,
+            "world_size": self.info.world_size,
+            "best": dict(self.best),
+            "bad_batches": self.bad_batches,
+            "last_eval_step": self.last_eval_step,
+            "config": self.config_dict,
+        }
+
+    def _load_state(self, ck: Dict[str, Any]) -> None:
+        self.module.load_state_dict(ck["model"])
+        self.optimizer.load_state_dict(ck["optimizer"])
+        sched = dict(ck["scheduler"])
+        sched["lr_lambdas"] = [None] * len(self.scheduler.lr_lambdas)  # ours is rebuilt from the config
+        self.scheduler.load_state_dict(sched)
+        if self.ema is not None and ck.get("ema") is not None:
+            self.ema.load_state_dict(ck["ema"])
+        self.step, self.epoch = int(ck["step"]), int(ck["epoch"])
+        self.position = int(ck["sampler"]["position"])
+        self.best = dict(ck["best"])
+        self.bad_batches = int(ck.get("bad_batches", 0))
+        self.last_eval_step = int(ck.get("last_eval_step", -1))
+        rngs = ck.get("rng") or []
+        if int(ck.get("world_size", 1)) == self.info.world_size and len(rngs) == self.info.world_size:
+            set_rng_state(rngs[self.info.rank])
+        else:
+            warnings.warn("checkpoint was written with another number of processes: RNG streams are reseeded")
+            _set_seed(self.cfg.seed + 7919 * self.step + 1000 * self.info.rank)
+
+    def save(self, name: str = "last.pt") -> None:
+        state = self.state_dict()  # collective (RNG gather): every rank calls it
+        if self.info.is_main:
+            save_checkpoint(state, os.path.join(self.run_dir, name))
+        barrier(self.info)
+
+    # ==================================================================== signals
+    def _handler(self, signum, frame) -> None:
+        if self._stop_signal is not None:  # second signal: stop now
+            raise KeyboardInterrupt
+        self._stop_signal = signum
+        print(f"[est.train] rank {self.info.rank}: received {signal.Signals(signum).name}; "
+              "saving a checkpoint after this step, then exiting", file=sys.stderr, flush=True)
+
+    @contextlib.contextmanager
+    def _signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+        for s in old:
+            signal.signal(s, self._handler)
+        try:
+            yield
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    # ==================================================================== steps
+    def _autocast(self):
+        return torch.autocast(device_type="cuda", dtype=torch.bfloat16) if self.amp else contextlib.nullcontext()
+
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def _bad_batch(self, what: str, batch) -> None:
+        self.bad_batches += 1
+        ids = {"sid": batch.sid.reshape(-1).tolist()[:64], "idx": batch.idx.reshape(-1).tolist()[:64]} if hasattr(batch, "sid") else {}
+        ids = all_gather_object(ids, self.info)
+        msg = (f"{what} at step {self.step} (epoch {self.epoch}, batch {self.position} of the epoch); batch ids per rank: "
+               + "; ".join(f"rank {r}: sid={v.get('sid')} idx={v.get('idx')}" for r, v in enumerate(ids)))
+        if self.bad_batches > self.cfg.trainer.max_bad_batches:
+            raise NonFiniteLossError(msg + ". The update was not applied (weights are intact). Fix: lower trainer.lr, "
+                                     "check these samples, or allow skipping with trainer.max_bad_batches=N.")
+        self.log(f"[est.train] skipping batch: {msg} ({self.bad_batches}/{self.cfg.trainer.max_bad_batches} allowed)")
+
+    def train_step(self, batch) -> Optional[float]:
+        """One optimiser step on this rank's share of a global batch; returns the local scaled loss or None if skipped."""
+        self.model.train()
+        local = torch.cat([self.task.local_counts(batch), torch.tensor([1.0 if self._stop_signal else 0.0], dtype=torch.float64)])
+        glob = all_reduce_sum(local, self.info)
+        self._stop_agreed = bool(glob[-1] > 0)
+        counts = glob[:-1]
+        with self._autocast():
+            out = self.model(batch)
+        if self.step == 0 or not getattr(self, "_checked", False):
+            self.task.check_output(out, batch)
+            self._checked = True
+        loss = self.task.loss(out, batch, counts, self.info.world_size)
+        bad = all_reduce_sum(torch.tensor([0.0 if torch.isfinite(loss).item() else 1.0], dtype=torch.float64), self.info)
+        self.optimizer.zero_grad(set_to_none=True)
+        if bad.item() > 0:
+            self._bad_batch(f"non-finite loss ({loss.item()})", batch)
+            return None
+        loss.backward()
+        clip = self.cfg.trainer.clip_grad_norm
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        gnorm = torch.nn.utils.clip_grad_norm_(params, max_norm=clip if clip else float("inf"))
+        if not torch.isfinite(gnorm):
+            self.optimizer.zero_grad(set_to_none=True)
+            self._bad_batch(f"non-finite gradient norm ({gnorm.item()})", batch)
+            return None
+        self.optimizer.step()
+        self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update(self.module)
+        return float(loss.detach())
+
+    # ==================================================================== evaluation
+    def eval_module(self) -> nn.Module:
+        return self.ema.module if self.ema is not None else self.module
+
+    def evaluate(self, split: str = "val", *, module: Optional[nn.Module] = None, collect: bool = False):
+        """Metrics (and optionally predictions) of ``module`` (default: EMA weights) on ``split``."""
+        ds = self.datasets[split]
+        d = self.cfg.data
+        sampler = GlobalBatchSampler(len(ds), global_batch_size=d.eval_batch_size or d.batch_size, rank=self.info.rank,
+                                     world_size=self.info.world_size,
+                                     natoms=dataset_natoms(ds) if d.sampler == "balanced" and self.info.world_size > 1 else None,
+                                     balanced=d.sampler == "balanced", shuffle=False, train=False)
+        loader = make_loader(ds, sampler, num_workers=d.num_workers, pin_memory=self.device.type == "cuda")
+        module = module or self.eval_module()
+        was_training = module.training
+        module.eval()
+        sums: Dict[str, torch.Tensor] = {}
+        preds: List[Dict[str, np.ndarray]] = []
+        grad_ctx = torch.enable_grad if self.grad_in_eval else torch.no_grad
+        for batch in Prefetcher(loader, self.device, enabled=self.cfg.trainer.prefetch):
+            with grad_ctx(), self._autocast():
+                out = module(batch)
+            out = {k: v.detach().float() for k, v in out.items()}
+            self.task.check_output(out, batch)
+            self.task.accumulate(sums, out, batch)
+            if collect:
+                preds.append(self.task.predictions(out, batch))
+        module.train(was_training)
+        keys = sorted(set().union(*all_gather_object(sorted(sums), self.info)))
+        vec = torch.stack([sums[k].detach().double().cpu() if k in sums else torch.zeros((), dtype=torch.float64) for k in keys]) \
+            if keys else torch.zeros(0, dtype=torch.float64)
+        vec = all_reduce_sum(vec, self.info)
+        metrics = self.task.finalize({k: float(v) for k, v in zip(keys, vec)})
+        if not collect:
+            return metrics
+        gathered = all_gather_object(preds, self.info)
+        merged: Dict[str, np.ndarray] = {}
+        flat = [p for part in gathered for p in part]
+        if flat:
+            for k in flat[0]:
+                merged[k] = np.concatenate([p[k] for p in flat])
+            if "idx" in merged and "forces_true" not in merged:
+                order = np.argsort(merged["idx"], kind="stable")
+                merged = {k: v[order] for k, v in merged.items()}
+        return metrics, merged
+
+    def _eval_and_checkpoint(self) -> Dict[str, float]:
+        m = self.evaluate("val") if "val" in self.datasets else {}
+        self.last_eval_step = self.step
+        if m:
+            row = {"step": self.step, "epoch": self.epoch, "split": "val", "lr": self.lr(), **m}
+            self.history.append(row)
+            if self.csv:
+                self.csv.write(row)
+            self.tb.log("val", m, self.step)
+            base = m.get("base_" + self.monitor, float("nan"))
+            self.log(f"[est.train] step {self.step} val {self.monitor}={m[self.monitor]:.5g} "
+                     f"{self.task.units.get(self.monitor, '')} (mean predictor {base:.5g}) loss={m['loss']:.5g}")
+            improved = m[self.monitor] < self.best["value"]
+            if improved:
+                self.best = {"metric": self.monitor, "value": float(m[self.monitor]), "step": self.step}
+        self.save("last.pt")
+        if m and improved:
+            self.save("best.pt")
+        return m
+
+    # ==================================================================== loop
+    def fit(self) -> str:
+        """Train until ``total_steps``; returns "finished" or "interrupted"."""
+        t, d = self.cfg.trainer, self.cfg.data
+        if self.step >= self.total_steps:
+            self.log(f"[est.train] run already finished at step {self.step} ({self.resumed_from}); "
+                     "use a new run_dir or trainer.resume=never to train again")
+            return "finished"
+        loader = make_loader(self.train_ds, self.sampler, num_workers=d.num_workers, pin_memory=self.device.type == "cuda")
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=self.total_steps, initial=self.step, disable=not (t.progress and self.info.is_main),
+                       dynamic_ncols=True, desc="train")
+        except ImportError:  # pragma: no cover
+            bar = None
+        status = "finished"
+        win = {"loss": 0.0, "n": 0, "t0": time.perf_counter(), "samples": 0, "wait": 0.0}
+        self.timing = {"steps": 0, "time": 0.0, "wait": 0.0, "samples": 0}
+        self._stop_agreed = False
+        with self._signals():
+            while self.step < self.total_steps:
+                self.sampler.set_epoch(self.epoch, self.position)
+                pf = Prefetcher(loader, self.device, enabled=t.prefetch)
+                wait_seen = 0.0
+                for batch in pf:
+                    if batch.pos.device != self.device:
+                        batch = batch.to(self.device)
+                    n_local = torch.tensor([float(batch.num_graphs)], dtype=torch.float64)
+                    t_step = time.perf_counter()
+                    loss = self.train_step(batch)
+                    self.step += 1
+                    self.position += 1
+                    win["wait"] += pf.wait_s - wait_seen
+                    self.timing["wait"] += pf.wait_s - wait_seen
+                    wait_seen = pf.wait_s
+                    win["samples"] += int(n_local.item())
+                    if loss is not None:
+                        win["loss"] += loss
+                        win["n"] += 1
+                    if self.step % t.log_every == 0 or self.step == self.total_steps:
+                        self._log_train(win, bar)
+                    if bar is not None:
+                        bar.update(1)
+                    if t.eval_every and self.step % t.eval_every == 0:
+                        self._eval_and_checkpoint()
+                    elif t.save_every and self.step % t.save_every == 0:
+                        self.save("last.pt")
+                    if self.on_step_end is not None:
+                        self.on_step_end(self)
+                    if self._stop_agreed:
+                        status = "interrupted"
+                        break
+                    if self.step >= self.total_steps:
+                        break
+                if status == "interrupted":
+                    break
+                if self.position >= self.steps_per_epoch:
+                    self.epoch += 1
+                    self.position = 0
+                    if not t.eval_every:
+                        self._eval_and_checkpoint()
+        if bar is not None:
+            bar.close()
+        if status == "interrupted":
+            self.save("last.pt")
+            self.log(f"[est.train] interrupted: saved {os.path.join(self.run_dir, 'last.pt')} at step {self.step}; "
+                     "run the same command again to resume")
+            return status
+        if self.last_eval_step != self.step:
+            self._eval_and_checkpoint()
+        self.final_results = self.final_evaluation()
+        self.tb.close()
+        return status
+
+    def _log_train(self, win, bar) -> None:
+        vec = all_reduce_sum(torch.tensor([win["loss"], float(win["n"]), float(win["samples"])], dtype=torch.float64), self.info)
+        loss = float(vec[0] / max(vec[1], 1.0) / self.info.world_size)
+        dt = time.perf_counter() - win["t0"]
+        rate = float(vec[2]) / max(dt, 1e-9)
+        wait = win["wait"] / max(dt, 1e-9)
+        row = {"step": self.step, "epoch": self.epoch, "split": "train", "lr": self.lr(), "loss": loss,
+               "samples_per_s": rate, "data_wait": wait, "step_s": dt / max(win["n"], 1)}
+        self.timing["steps"] += win["n"]
+        self.timing["time"] += dt
+        self.timing["samples"] += int(vec[2])
+        self.history.append(row)
+        if self.csv:
+            self.csv.write(row)
+        self.tb.log("train", {"loss": loss, "lr": row["lr"], "samples_per_s": rate, "data_wait": wait}, self.step)
+        if bar is not None and not bar.disable:
+            bar.set_postfix(loss=f"{loss:.4g}", lr=f"{row['lr']:.2e}", rate=f"{rate:.1f}/s", wait=f"{100 * wait:.0f}%")
+        elif not self.cfg.trainer.progress:
+            self.log(f"[est.train] step {self.step}/{self.total_steps} loss={loss:.5g} lr={row['lr']:.3e} "
+                     f"{rate:.1f} samples/s data-wait {100 * wait:.1f}%")
+        win.update(loss=0.0, n=0, t0=time.perf_counter(), samples=0, wait=0.0)
+
+    # ==================================================================== end of run
+    def final_evaluation(self) -> Dict[str, Dict[str, float]]:
+        """Best weights on ``trainer.final_splits``: summary table (model vs mean predictor), parity + learning-curve PNGs."""
+        t = self.cfg.trainer
+        best_path = os.path.join(self.run_dir, "best.pt")
+        module = self.eval_module()
+        if os.path.isfile(best_path):
+            ck = load_checkpoint(best_path)
+            module = build_model_from_config({"model": self.model_cfg}).to(self.device)
+            module.load_state_dict(ck["ema"]["module"] if ck.get("ema") else ck["model"])
+        results: Dict[str, Dict[str, float]] = {}
+        preds: Dict[str, Dict[str, np.ndarray]] = {}
+        for s in t.final_splits:
+            if s in self.datasets and len(self.datasets[s]):
+                results[s], preds[s] = self.evaluate(s, module=module, collect=True)
+                row = {"step": self.step, "epoch": self.epoch, "split": f"final_{s}", **results[s]}
+                if self.csv:
+                    self.csv.write(row)
+        if self.info.is_main and results:
+            names = [m for m in self.task.metric_names() if m != "loss"]
+            table = summary_table(results, names, self.task.units)
+            print(f"\n[est.train] held-out results (best EMA weights, step {self.best.get('step')}) vs the mean predictor:\n{table}\n")
+            tm = self.timing if getattr(self, "timing", None) else None
+            if tm and tm["steps"]:
+                print(f"[est.train] {tm['time'] / tm['steps'] * 1000:.1f} ms/step, {tm['samples'] / max(tm['time'], 1e-9):.1f} samples/s, "
+                      f"data wait {100 * tm['wait'] / max(tm['time'], 1e-9):.1f}% of the time")
+            with open(os.path.join(self.run_dir, "final_metrics.json"), "w") as f:
+                json.dump({"best": self.best, "results": results, "timing": getattr(self, "timing", None)}, f, indent=2)
+            if t.plots:
+                try:
+                    plot_learning_curve(os.path.join(self.run_dir, "metrics.csv"), os.path.join(self.run_dir, "learning_curve.png"),
+                                        self.monitor, units=self.task.units.get(self.monitor, ""))
+                    split = "test" if "test" in preds else next(iter(preds))
+                    plot_parity(parity_pairs(self.task, preds[split]), os.path.join(self.run_dir, f"parity_{split}.png"))
+                except Exception as exc:  # plots must never kill a finished run
+                    warnings.warn(f"plotting failed: {exc}")
+        return results
+
+
+def parity_pairs(task: Task, p: Dict[str, np.ndarray]) -> Dict[str, tuple]:
+    if task.name == "qm9":
+        return {f"{n} [{task.units.get('mae_' + n, '')}]": (p["true"][:, k], p["pred"][:, k]) for k, n in enumerate(task.names)}
+    out = {"energy [eV]": (p["energy_true"], p["energy_pred"])}
+    if "forces_pred" in p:
+        free = p["fixed"] == 0
+        out["forces [eV/A]"] = (p["forces_true"][free], p["forces_pred"][free])
+    return out
+
+
+def evaluate_checkpoint(cfg: DictConfig, overrides: Sequence[str] = (), *, datasets: Optional[Dict[str, Any]] = None,
+                        info: Optional[DistInfo] = None) -> Dict[str, Dict[str, float]]:
+    """``mode=eval``: metrics and a predictions file of a checkpoint on ``eval_splits``.
+
+    The model, task and normalisers come from the checkpoint's own config;
+    ``data.*``, ``eval_splits`` and ``run_dir`` given on the command line
+    replace the checkpoint's. Writes ``<run_dir>/eval/{metrics,predictions}_<split>.*``.
+    """
+    path = cfg.ckpt or os.path.join(cfg.run_dir, "best.pt")
+    ck = load_checkpoint(path)
+    base = OmegaConf.merge(OmegaConf.structured(TrainConfig), ck["config"])
+    user = [o.lstrip("+") for o in overrides if not o.lstrip("+").split("=")[0] in ("mode", "ckpt", "experiment")]
+    keep = [o for o in user if o.split("=")[0].split(".")[0] in ("data", "eval_splits", "run_dir", "trainer")]
+    ecfg = OmegaConf.merge(base, OmegaConf.from_dotlist(keep)) if keep else base
+    ecfg.eval_splits = list(cfg.eval_splits) if not any(o.startswith("eval_splits") for o in keep) else ecfg.eval_splits
+    info = info or setup_distributed(ecfg.trainer.device)
+    task = build_task(ecfg.data, ecfg.trainer)
+    task.load_state_dict(ck["normalizers"])
+    task.to(info.device)
+    module = build_model_from_config(ecfg).to(info.device)
+    module.load_state_dict(ck["ema"]["module"] if ck.get("ema") else ck["model"])
+    ds = datasets if datasets is not None else build_datasets(ecfg.data, info, splits=tuple(ecfg.eval_splits))
+    # a light Trainer-like evaluator
+    ev = Trainer.__new__(Trainer)
+    ev.cfg, ev.info, ev.device, ev.task, ev.datasets = ecfg, info, info.device, task, ds
+    ev.amp = bool(ecfg.trainer.amp and info.device.type == "cuda")
+    ev.grad_in_eval = ecfg.trainer.grad_in_eval if ecfg.trainer.grad_in_eval is not None else (
+        ecfg.model.get("regress_forces") == "gradient" or getattr(module, "regress_forces", None) == "gradient")
+    out_dir = os.path.join(os.path.abspath(ecfg.run_dir), "eval")
+    results = {}
+    for s in ecfg.eval_splits:
+        if s not in ds:
+            raise ConfigError(f"eval split {s!r} has no data. Fix: set data.{s}_path or choose eval_splits from {sorted(ds)}.")
+        m, p = ev.evaluate(s, module=module, collect=True)
+        results[s] = m
+        if info.is_main:
+            os.makedirs(out_dir, exist_ok=True)
+            np.savez(os.path.join(out_dir, f"predictions_{s}.npz"), **p)
+            with open(os.path.join(out_dir, f"metrics_{s}.json"), "w") as f:
+                json.dump({"checkpoint": os.path.abspath(path), "split": s, "metrics": m}, f, indent=2)
+            try:
+                plot_parity(parity_pairs(task, p), os.path.join(out_dir, f"parity_{s}.png"))
+            except Exception as exc:
+                warnings.warn(f"plotting failed: {exc}")
+    if info.is_main:
+        names = [m for m in task.metric_names() if m != "loss"]
+        print(f"[est.train] {path}:\n{summary_table(results, names, task.units)}\n[est.train] predictions in {out_dir}")
+    return results
