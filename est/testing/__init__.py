@@ -1,1 +1,54 @@
+"""Equivariance testing: point it at a layer, a model or a checkpoint.
 
+* :func:`assert_equivariant` / :func:`equivariance_report`: layers on irreps
+  features (our ``[N, K, C]`` layout or e3nn's ``[N, irreps.dim]``).
+* :func:`check_model`: whole models (est models or any callable
+  ``(positions, numbers, cell, pbc) -> outputs``) on molecules and periodic
+  cells; returns an :class:`EquivarianceReport`.
+* :mod:`est.testing.pytest_plugin`: fixtures and the ``equivariance`` marker.
+* ``python -m est.testing.check``: the report for a checkpoint or a config.
+"""
+from ._layers import assert_equivariant, equivariance_report
+from ._models import (
+    DEFAULT_OUTPUT_TYPES,
+    Adapter,
+    BatchModelAdapter,
+    CallableAdapter,
+    System,
+    as_adapter,
+    as_system,
+    check_model,
+)
+from ._report import CheckRow, EquivarianceReport, Tolerance, default_tolerance
+from ._reps import Rep, as_rep
+from ._rotations import (
+    axis_angle_to_matrix,
+    describe_rotation,
+    matrix_to_axis_angle,
+    search_worst_rotation,
+    special_rotations,
+)
+
+__all__ = [
+    "assert_equivariant",
+    "equivariance_report",
+    "check_model",
+    "Adapter",
+    "BatchModelAdapter",
+    "CallableAdapter",
+    "as_adapter",
+    "System",
+    "as_system",
+    "DEFAULT_OUTPUT_TYPES",
+    "EquivarianceReport",
+    "CheckRow",
+    "Tolerance",
+    "default_tolerance",
+    "Rep",
+    "as_rep",
+    "axis_angle_to_matrix",
+    "matrix_to_axis_angle",
+    "describe_rotation",
+    "search_worst_rotation",
+    "special_rotations",
+]
