@@ -229,3 +229,17 @@ def test_pyg_loader_collates(tmp_path):
     batch = next(iter(DataLoader(LmdbDataset(folder), batch_size=4)))
     assert batch.num_graphs == 4 and batch.natoms.shape == (4,) and batch.cell.shape == (4, 3, 3)
     assert batch.pbc.shape == (4, 3) and batch.energy.shape == (4,)
+
+
+def test_worker_processes_reopen_files(tmp_path):
+    """The parent has the file open; forked DataLoader workers must reopen it, not reuse it."""
+    from torch_geometric.loader import DataLoader
+
+    folder = tmp_path / "s"
+    write_lmdb(folder, _samples(12), samples_per_shard=5)
+    ds = LmdbDataset(folder)
+    ds[0]  # parent opens the environment
+    other = LmdbDataset(folder)  # a second dataset on the same files in one process
+    assert torch.equal(other[3].pos, ds[3].pos)
+    batches = list(DataLoader(ds, batch_size=4, num_workers=2))
+    assert sum(b.num_graphs for b in batches) == 12

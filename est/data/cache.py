@@ -57,6 +57,9 @@ def atomic_savez(path: str, **arrays: np.ndarray) -> None:
             np.savez(fh, **arrays)
             fh.flush()
             os.fsync(fh.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; a cache is shared like any file
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

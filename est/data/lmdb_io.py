@@ -144,7 +144,19 @@ def _env_key(path: str) -> Tuple[int, str, int]:
     return (os.getpid(), real, ino)
 
 
+def _drop_inherited() -> None:
+    """After a fork, close (in this process only) the environments the parent opened."""
+    pid = os.getpid()
+    for key in [k for k in _SHARED_ENVS if k[0] != pid]:
+        env = _SHARED_ENVS.pop(key)[0]
+        try:
+            env.close()
+        except Exception:
+            pass
+
+
 def _open_readonly(path: str) -> lmdb.Environment:
+    _drop_inherited()
     key = _env_key(path)
     entry = _SHARED_ENVS.get(key)
     if entry is not None:
