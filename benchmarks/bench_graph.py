@@ -94,8 +94,14 @@ def main():
     rows = []
     mols = qm9_like(32, rng)
     sl = slabs(64, rng)
+    clusters = []
+    for a in sl:  # the same 80-atom slabs as isolated clusters (no images): reference.md's 64 x 80 figure
+        c = a.copy()
+        c.pbc = False
+        clusters.append(c)
     cases = [
         ("32 QM9-size molecules", mols, 5.0, None),
+        ("64 x 80-atom clusters, no PBC", clusters, 6.0, 20),
         ("64 Cu slabs x 80 atoms", sl, 6.0, 20),
         ("64 Cu slabs x 80 atoms (no max_nb)", sl, 6.0, None),
     ]

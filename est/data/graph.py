@@ -435,8 +435,10 @@ def radius_graph(
                       / counts[gids][:, None, None]).double()  # [G, 1, 3]
             tq = tpos.double() - centre  # [G, n, 3]
             sq = spos.double() - centre  # [G, C, 3]
-            A = torch.cat([tq, torch.ones_like(tq[..., :1]), tq.square().sum(-1, keepdim=True)], -1)  # [G, n, 5]
-            Bt = torch.cat([-2.0 * sq, sq.square().sum(-1, keepdim=True), torch.ones_like(sq[..., :1])], -1)
+            tn = tq[..., 0:1].square() + tq[..., 1:2].square() + tq[..., 2:3].square()  # [G, n, 1]
+            sn = sq[..., 0:1].square() + sq[..., 1:2].square() + sq[..., 2:3].square()  # [G, C, 1]
+            A = torch.cat([tq, torch.ones_like(tn), tn], -1)  # [G, n, 5]
+            Bt = torch.cat([-2.0 * sq, sn, torch.ones_like(sn)], -1)
             Bt = Bt.transpose(1, 2).contiguous()  # [G, 5, C]
             s_img = cidx // nmax  # [G, C] image slot
             src_table = (gptr[:, None] + cidx - s_img * nmax).reshape(-1)  # [G*C] global source atom
@@ -510,25 +512,6 @@ def radius_graph(
 _SWITCH = -0.9  # use the second chart when u_y < _SWITCH (within ~26 deg of -y)
 
 
-def _min_rotation_to_y(u: Tensor, sgn: float) -> Tensor:
-    """Minimal rotation taking unit ``u`` to ``sgn * y``; valid for sgn*u_y > _SWITCH.
-
-    With c = sgn*u_y and v = u x (sgn*y): R = c I + [v]_x + v v^T / (1 + c).
-    """
-    c = sgn * u[:, 1]  # [E]
-    vx, vz = -sgn * u[:, 2], sgn * u[:, 0]  # v = (vx, 0, vz)
-    inv = 1.0 / (1.0 + c).clamp_min(1.0 + _SWITCH)  # finite on the unused side too
-    R = torch.stack(
-        [
-            torch.stack([c + vx * vx * inv, -vz, vx * vz * inv], -1),
-            torch.stack([vz, c, -vx], -1),
-            torch.stack([vx * vz * inv, vx, c + vz * vz * inv], -1),
-        ],
-        -2,
-    )  # [E, 3, 3]
-    return R
-
-
 def edge_rotation(edge_vec: Tensor) -> Tensor:
     """Rotation matrices ``R`` [E, 3, 3] with ``R @ (edge_vec / |edge_vec|) = +y``.
 
@@ -546,20 +529,31 @@ def edge_rotation(edge_vec: Tensor) -> Tensor:
 
     The two charts differ by a roll about the edge axis, so ``R`` jumps on the
     circle ``u_y = -0.9``; quantities that are invariant to that roll
-    (SO(2)-equivariant edge convolutions) are continuous. The switch uses
-    ``torch.where`` with both branches clamped, so gradients never contain NaN.
+    (SO(2)-equivariant edge convolutions) are continuous. Only the chart sign
+    is chosen with ``torch.where`` and ``1 + c >= 0.1`` in the chosen chart, so
+    values and gradients are finite everywhere (no NaN at the poles).
     Zero-length edges are not meaningful (radius_graph never returns them).
     """
     if edge_vec.dim() != 2 or edge_vec.shape[-1] != 3:
         raise ValueError(f"edge_rotation: edge_vec must be [E, 3], got {tuple(edge_vec.shape)}")
     n = torch.linalg.vector_norm(edge_vec, dim=-1, keepdim=True)  # [E, 1]
     u = edge_vec / n.clamp_min(torch.finfo(edge_vec.dtype).tiny ** 0.5)  # [E, 3]
-    north = _min_rotation_to_y(u, 1.0)  # [E, 3, 3]
-    south = _min_rotation_to_y(u, -1.0)
-    flip = torch.tensor([-1.0, -1.0, 1.0], dtype=u.dtype, device=u.device)
-    south = south * flip[:, None]  # diag(-1,-1,1) @ R_-
-    use_north = (u[:, 1] >= _SWITCH)[:, None, None]
-    return torch.where(use_north, north, south)
+    # chart sign s = +1 (minimal rotation to +y) or -1 (minimal rotation to -y, then diag(-1,-1,1));
+    # s is piecewise constant, so no gradient flows through it
+    sg = torch.where(u[:, 1] >= _SWITCH, 1.0, -1.0).to(u.dtype)  # [E]
+    c = sg * u[:, 1]  # [E] cos of the angle to the chart's pole, >= 0.9 ... >= -0.9 -> 1 + c >= 0.1
+    vx, vz = -sg * u[:, 2], sg * u[:, 0]  # v = u x (s y) = (vx, 0, vz)
+    inv = 1.0 / (1.0 + c).clamp_min(1.0 + _SWITCH)  # [E]
+    vxz = vx * vz * inv
+    R = torch.stack(
+        [
+            sg * (c + vx * vx * inv), -sg * vz, sg * vxz,
+            sg * vz, sg * c, -sg * vx,
+            vxz, vx, c + vz * vz * inv,
+        ],
+        -1,
+    ).view(-1, 3, 3)  # [E, 3, 3]: R = diag(s, s, 1) (c I + [v]_x + v v^T / (1 + c))
+    return R
 
 
 def cell_volume(cell: Tensor) -> Tensor:
