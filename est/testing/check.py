@@ -11,7 +11,10 @@ module works before the backbone and the trainer exist:
 
 * ``--config NAME``: ``est.models.build_model(name=NAME, **overrides)``;
 * ``--checkpoint PATH``: ``est.train.load_model_from_checkpoint(PATH, map_location=device)``
-  returning the model (or a dict with a ``"model"`` entry);
+  if est.train provides it (returning the model or a dict with ``"model"``), else
+  est.train's checkpoint format: ``est.train.checkpoint.load_checkpoint`` gives
+  ``{"config", "model", "ema"}``, the model is ``est.train.trainer.build_model_from_config(config)``
+  with the EMA weights (``--no-ema``: the raw ones);
 * ``--factory module:function``: ``function(**overrides)``, any importable callable
   returning an est model or a ``(positions, numbers, cell, pbc) -> dict`` callable.
 
@@ -60,6 +63,7 @@ def load_model_for_check(
     overrides: dict[str, Any] | None = None,
     device: str = "cpu",
     dtype: torch.dtype | None = None,
+    use_ema: bool = True,
 ):
     """Load the model to check: exactly one of ``checkpoint``, ``config``, ``factory`` (see the module docstring).
 
@@ -91,22 +95,51 @@ def load_model_for_check(
     else:
         if not os.path.exists(checkpoint):
             raise ModelLoadError(f"checkpoint {checkpoint!r} does not exist")
-        try:
-            from est.train import load_model_from_checkpoint  # lazy: the trainer may not exist yet
-        except ImportError as err:
-            raise ModelLoadError(
-                "est.train.load_model_from_checkpoint(path, map_location=...) is not available in this checkout "
-                f"({err}); the trainer is not installed yet. Use --factory module:function to build the model yourself"
-            ) from err
-        model = load_model_from_checkpoint(checkpoint, map_location=device)
-        if isinstance(model, dict):
-            if "model" not in model:
-                raise ModelLoadError(f"load_model_from_checkpoint returned a dict without 'model' (keys {sorted(model)})")
-            model = model["model"]
+        model = _load_checkpoint(checkpoint, device=device, use_ema=use_ema)
     if isinstance(model, torch.nn.Module):
         model = model.to(device)
         if dtype is not None:
             model = model.to(dtype)
+    return model
+
+
+def _load_checkpoint(path: str, *, device: str, use_ema: bool):
+    """``est.train.load_model_from_checkpoint`` when it exists, else est.train's checkpoint format:
+    ``{"config": TrainConfig, "model": state_dict, "ema": {"module": state_dict} | None}``."""
+    try:
+        from est.train import load_model_from_checkpoint  # lazy: optional entry point
+    except ImportError:
+        load_model_from_checkpoint = None
+    if load_model_from_checkpoint is not None:
+        model = load_model_from_checkpoint(path, map_location=device)
+        if isinstance(model, dict):
+            if "model" not in model:
+                raise ModelLoadError(f"load_model_from_checkpoint returned a dict without 'model' (keys {sorted(model)})")
+            model = model["model"]
+        return model
+    try:
+        from omegaconf import OmegaConf
+
+        from est.train.checkpoint import load_checkpoint
+        from est.train.config import TrainConfig
+        from est.train.trainer import build_model_from_config
+    except ImportError as err:
+        raise ModelLoadError(
+            "est.train (load_checkpoint, TrainConfig, build_model_from_config) is not available in this checkout "
+            f"({err}); use --factory module:function to build the model yourself"
+        ) from err
+    try:
+        ck = load_checkpoint(path, map_location=device)
+    except (OSError, RuntimeError) as err:
+        raise ModelLoadError(str(err)) from err
+    if not isinstance(ck, dict) or "config" not in ck or "model" not in ck:
+        keys = sorted(ck) if isinstance(ck, dict) else type(ck).__name__
+        raise ModelLoadError(f"{path} is not an est.train checkpoint (needs 'config' and 'model'; has {keys})")
+    cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), ck["config"])
+    model = build_model_from_config(cfg)
+    ema = ck.get("ema")
+    state = ema["module"] if (use_ema and isinstance(ema, dict) and "module" in ema) else ck["model"]
+    model.load_state_dict(state)
     return model
 
 
@@ -143,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample", action="append", default=None, help=f"{', '.join(BUILTIN_SAMPLES)} or a structure file (ase.io.read); repeatable (default: molecule and crystal)")
     p.add_argument("--dtype", choices=("model", "float32", "float64"), default="model", help="cast the model first (default: keep its dtype)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--no-ema", dest="use_ema", action="store_false", help="checkpoint: load the raw weights, not the EMA ones")
     p.add_argument("--tol", type=float, default=None, help="relative tolerance (default: 1e-10 float64, 1e-4 float32)")
     p.add_argument("--parity", action="store_true", help="assert reflections too (O(3) models)")
     p.add_argument("--rotations", type=int, default=8, help="random rotations before the local search")
@@ -161,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides = _parse_overrides(args.set)
         model = load_model_for_check(
             checkpoint=args.checkpoint, config=args.config, factory=args.factory,
-            overrides=overrides, device=args.device, dtype=dtype,
+            overrides=overrides, device=args.device, dtype=dtype, use_ema=args.use_ema,
         )
         samples = [(s, _load_sample(s)) for s in (args.sample or ["molecule", "crystal"])]
     except ModelLoadError as err:
