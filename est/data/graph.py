@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 # elements of one padded distance block before we chunk over targets
-_BLOCK_BUDGET = 1 << 23
+_BLOCK_BUDGET = 1 << 22
 
 
 class Graph(NamedTuple):
