@@ -1,6 +1,5 @@
 """Tests for est.data.graph: radius graph (molecules, periodic, partial pbc,
 max_neighbors tie handling), validation errors, edge frames, strain/stress."""
-import math
 
 import numpy as np
 import pytest
@@ -276,6 +275,11 @@ def test_errors():
                      cell=torch.stack([torch.zeros(3, 3, dtype=DT), 5 * torch.eye(3, dtype=DT)]),
                      pbc=torch.tensor([[False] * 3, [True] * 3]))
     assert g.edge_index.shape[0] == 2
+    # ... and so is a garbage (NaN) cell of a non-periodic graph
+    g2 = radius_graph(P, 2.0, batch=torch.tensor([0, 0, 0, 1, 1]),
+                      cell=torch.stack([torch.full((3, 3), float("nan"), dtype=DT), 5 * torch.eye(3, dtype=DT)]),
+                      pbc=torch.tensor([[False] * 3, [True] * 3]))
+    assert torch.equal(g2.edge_index, g.edge_index) and torch.isfinite(g2.edge_vec).all()
 
 
 def test_isolated_atom_has_no_edges():

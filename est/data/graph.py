@@ -79,7 +79,8 @@ def _check_inputs(
 ) -> Tuple[Tensor, Tensor, Tensor, int, Optional[Tensor], Tensor]:
     """Return (batch, counts, ptr, B, cell [B,3,3] | None, pbc bool [B,3])."""
     if not isinstance(pos, Tensor) or pos.dim() != 2 or pos.shape[1] != 3:
-        raise ValueError(f"radius_graph: pos must be a float tensor [N, 3], got shape {tuple(getattr(pos, 'shape', ()))}")
+        shape = tuple(getattr(pos, "shape", ()))
+        raise ValueError(f"radius_graph: pos must be a float tensor [N, 3], got shape {shape}")
     if not pos.is_floating_point():
         raise ValueError(f"radius_graph: pos must be floating point, got {pos.dtype}")
     if not (isinstance(cutoff, (int, float)) and math.isfinite(cutoff) and cutoff > 0):
@@ -331,7 +332,8 @@ def radius_graph(
         zero_pos = torch.zeros(B, dtype=torch.long, device=device)
         cell_d = None
         if any_per:
-            cell_d = cell.detach().to(dtype)
+            # cells of non-periodic graphs are ignored (zeroed), whatever they hold
+            cell_d = torch.where(per[:, None, None], cell.detach(), 0).to(dtype)  # [B, 3, 3]
             pg = per.nonzero().flatten()
             M = _completed_cells(cell, pbc, pg)  # [P, 3, 3] float64
             pp = pbc[pg]
@@ -496,7 +498,7 @@ def radius_graph(
     # differentiable edge vectors: pos[j] + off @ cell - pos[i], evaluated as
     # pos_w[j] + img @ cell - pos_w[i] with pos_w = pos - wrap @ cell (same value, fewer gathers)
     if any_per:
-        cell_t = cell.to(dtype)
+        cell_t = torch.where(per[:, None, None], cell, 0).to(dtype)  # [B, 3, 3]
         pos_w = pos - torch.einsum("nk,nkl->nl", wrap.to(dtype), cell_t[batch])  # [N, 3]
         shift_tab = torch.einsum("bsk,bkl->bsl", img_table.to(dtype), cell_t).reshape(-1, 3)  # [B*S, 3]
         edge_vec = pos_w.index_select(0, src) - pos_w.index_select(0, tgt) + shift_tab.index_select(0, iid)
