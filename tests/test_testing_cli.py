@@ -54,7 +54,7 @@ def test_missing_backbone_or_trainer_fail_with_a_clear_message(capsys, monkeypat
     monkeypatch.setitem(sys.modules, "est.models", types.ModuleType("est.models"))  # no build_model
     assert check.main(["--config", "est-tiny"]) == 2
     err = capsys.readouterr().err
-    assert "est.models.build_model" in err and "use --factory module:function" in err
+    assert "est.models.build_model" in err and "Use --factory module:function" in err
     assert check.main(["--checkpoint", "/nonexistent/ckpt.pt"]) == 2
     assert "does not exist" in capsys.readouterr().err
 
