@@ -36,3 +36,15 @@ def test_linear_reference_recovers_element_energies():
     other = LinearReference()
     other.load_state_dict(ref.state_dict())
     assert torch.equal(other.weight, ref.weight)
+
+
+def test_dataset_statistics_molecules():
+    from est.data import dataset_statistics
+
+    # a linear H chain with 1 A spacing: with cutoff 1.5 each inner atom has 2 neighbours
+    data = [make_sample(pos=torch.tensor([[0.0, 0, 0], [1.0, 0, 0], [2.0, 0, 0]]), atomic_numbers=torch.ones(3, dtype=torch.long),
+                        energy=e) for e in (1.0, 3.0)]
+    st = dataset_statistics(data, cutoff=1.5)
+    assert st["avg_num_nodes"] == 3 and st["max_num_nodes"] == 3
+    assert abs(st["avg_degree"] - 4 / 3) < 1e-9
+    assert st["energy_mean"] == 2.0 and st["energy_std"] == 1.0

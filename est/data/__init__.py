@@ -12,7 +12,10 @@ from .ase_db import AseDbDataset, atoms_to_sample
 from .qm9 import QM9, qm9_split, QM9_SIZE, STANDARD_SPLIT
 from .qm9_formats import TARGET_NAMES as QM9_TARGET_NAMES, TARGET_UNITS as QM9_TARGET_UNITS
 from .sampler import BalancedBatchSampler, balanced_split, get_natoms
-from .stats import Normalizer, LinearReference, fit_normalizer, fit_linear_reference, collect_targets
+from .stats import (
+    Normalizer, LinearReference, fit_normalizer, fit_linear_reference, collect_targets, dataset_statistics,
+)
+from .generate import EMTConfig, default_emt_dataset, generate as generate_emt
 from .cache import default_cache_dir
 
 __all__ = [
@@ -23,5 +26,6 @@ __all__ = [
     "QM9", "qm9_split", "QM9_SIZE", "STANDARD_SPLIT", "QM9_TARGET_NAMES", "QM9_TARGET_UNITS",
     "BalancedBatchSampler", "balanced_split", "get_natoms",
     "Normalizer", "LinearReference", "fit_normalizer", "fit_linear_reference", "collect_targets",
+    "dataset_statistics", "EMTConfig", "default_emt_dataset", "generate_emt",
     "default_cache_dir",
 ]

@@ -51,6 +51,35 @@ def bench_dataset(name: str, ds, workers: Sequence[int], batch_size: int, batche
                           "threads": torch.get_num_threads()}), flush=True)
 
 
+def bench_model(name: str, ds, model_name: str, batch_size: int, steps: int = 5, **overrides) -> None:
+    """Training-step rate (forward + backward + AdamW step) of a small est model on batches of ``ds``."""
+    from torch_geometric.data import Batch
+
+    try:
+        from ..models import build_model
+
+        model = build_model(model_name, **overrides)
+    except Exception as exc:  # models are another package's business
+        print(json.dumps({"dataset": name, "model": model_name, "skipped": f"{type(exc).__name__}: {exc}"}))
+        return
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batches = [Batch.from_data_list([ds[(k * batch_size + j) % len(ds)] for j in range(batch_size)]) for k in range(steps + 1)]
+    times = []
+    for k, b in enumerate(batches):
+        t0 = time.perf_counter()
+        out = model(b)
+        loss = sum(v.float().pow(2).mean() for v in out.values())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if k:  # first step warms up
+            times.append(time.perf_counter() - t0)
+    dt = sum(times) / len(times)
+    print(json.dumps({"dataset": name, "model": model_name, "mode": f"train step (batch={batch_size})",
+                      "steps_per_s": round(1 / dt, 2), "samples_per_s": round(batch_size / dt, 1),
+                      "threads": torch.get_num_threads()}), flush=True)
+
+
 def _pickled_copy(src, dst: str, n: int) -> None:
     """Copy n samples of ``src`` into a fairchem-style file of pickled PyG Data."""
     import lmdb
@@ -79,6 +108,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--batches", type=int, default=50)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--model", default="eqv2-tiny", help="small est model for the step-rate comparison ('' to skip)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     workers = [int(w) for w in a.workers.split(",") if w != ""]
@@ -87,6 +117,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         qm9 = QM9(a.qm9_root, split="train", verbose=False)
         bench_dataset(f"QM9[{qm9.source}]", qm9, workers, a.batch_size, a.batches)
+        if a.model:
+            bench_model(f"QM9[{qm9.source}]", qm9, a.model, a.batch_size, num_targets=19, regress_forces=None,
+                        use_pbc=False)
     except FileNotFoundError as exc:
         print(json.dumps({"dataset": "QM9", "skipped": str(exc)}))
     with tempfile.TemporaryDirectory() as tmp:
@@ -99,6 +132,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             path = os.path.join(out, "s2ef", "train")
         ds = LmdbDataset(path)
         bench_dataset("LMDB[est arrays]", ds, workers, a.batch_size, a.batches)
+        if a.model:
+            bench_model("LMDB[est arrays]", ds, a.model, a.batch_size)
         pk = os.path.join(tmp, "pickled.lmdb")
         _pickled_copy(ds, pk, min(len(ds), 1000))
         bench_dataset("LMDB[PyG pickles, restricted]", LmdbDataset(pk), workers[:1], a.batch_size, a.batches)

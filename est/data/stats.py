@@ -14,7 +14,8 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["Normalizer", "LinearReference", "fit_normalizer", "fit_linear_reference", "collect_targets"]
+__all__ = ["Normalizer", "LinearReference", "fit_normalizer", "fit_linear_reference", "collect_targets",
+           "dataset_statistics"]
 
 
 class _ResizingBuffers(nn.Module):
@@ -105,3 +106,49 @@ def fit_linear_reference(targets: Any, atomic_numbers: Sequence[torch.Tensor], *
     weight = np.zeros((max_z + 1, Y.shape[1]))
     weight[present] = w
     return LinearReference(torch.from_numpy(weight))
+
+
+def dataset_statistics(dataset: Any, *, cutoff: Optional[float] = None, max_neighbors: Optional[int] = None,
+                       max_samples: int = 2000, seed: int = 0) -> dict:
+    """Statistics models need, from up to ``max_samples`` random samples.
+
+    Returns ``avg_num_nodes`` (mean atoms per graph), ``max_num_nodes``,
+    ``avg_degree`` (mean incoming edges per atom of the radius graph with
+    ``cutoff``/``max_neighbors``, PBC from each sample; only when ``cutoff``
+    is given), and, when present, ``energy_mean``/``energy_std`` and
+    ``forces_rms`` (the RMS force component, EquiformerV2's force scale).
+    """
+    n = len(dataset)
+    rng = np.random.default_rng(seed)
+    idx = rng.permutation(n)[: min(n, max_samples)]
+    natoms, degrees, energies, f2, fcount = [], [], [], 0.0, 0
+    graph_fn = None
+    if cutoff is not None:
+        from .graph import radius_graph as graph_fn  # owned by est.data.graph
+    for i in idx:
+        s = dataset[int(i)]
+        k = int(s.pos.shape[0])
+        natoms.append(k)
+        if graph_fn is not None:
+            cell = getattr(s, "cell", None)
+            pbc = getattr(s, "pbc", None)
+            g = graph_fn(s.pos.to(torch.float64), float(cutoff), cell=None if cell is None else cell.to(torch.float64),
+                         pbc=pbc, max_neighbors=max_neighbors)
+            degrees.append(g.edge_index.shape[1] / max(k, 1))
+        e = getattr(s, "energy", None)
+        if e is not None:
+            energies.append(float(e.reshape(-1)[0]))
+        f = getattr(s, "forces", None)
+        if f is not None:
+            f2 += float((f.to(torch.float64) ** 2).sum())
+            fcount += f.numel()
+    out = {"samples": len(idx), "avg_num_nodes": float(np.mean(natoms)), "max_num_nodes": int(np.max(natoms))}
+    if degrees:
+        w = np.asarray(natoms, dtype=np.float64)
+        out["avg_degree"] = float(np.sum(np.asarray(degrees) * w) / w.sum())  # edges / atoms over all graphs
+    if energies:
+        out["energy_mean"] = float(np.mean(energies))
+        out["energy_std"] = float(np.std(energies))
+    if fcount:
+        out["forces_rms"] = float(np.sqrt(f2 / fcount))
+    return out
