@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import inspect
 import math
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from est.so3 import num_coefficients, random_rotation
+from est.so3 import num_coefficients
 
 from ._report import EquivarianceReport, Recorder, Tolerance, make_tolerance
 from ._reps import Rep, as_rep
@@ -64,7 +63,7 @@ def _spec_list(spec: Any, n: int, what: str) -> list | None:
         if len(spec) != n:
             raise ValueError(f"{what} has {len(spec)} entries but there are {n} tensors")
         return list(spec)
-    return [spec] * n if n == 1 else [spec] * n
+    return [spec] * n
 
 
 @contextlib.contextmanager
@@ -173,7 +172,7 @@ def equivariance_report(
                         "assert_equivariant: say what fn takes: lmax= (our [N, K, C] layout), irreps= "
                         "(e3nn layout), or inputs= with in_reps="
                     )
-            irreps_list = list(irreps) if isinstance(irreps, (list, tuple)) and not _is_irreps(irreps) else [irreps]
+            irreps_list = list(irreps) if isinstance(irreps, list) or (isinstance(irreps, tuple) and not _is_irreps(irreps)) else [irreps]
             reps = [as_rep(i) for i in irreps_list]
             inputs = tuple(
                 torch.randn(num_nodes, r.irreps.dim, generator=gen, dtype=torch.float64).to(dtype) for r in reps

@@ -222,29 +222,48 @@ def _eval(model: Any):
 
 
 def _detach(out: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    return {k: v.detach() for k, v in out.items() if isinstance(v, torch.Tensor)}
+    """Outputs as detached CPU tensors (comparisons run on the CPU, in float64)."""
+    return {k: v.detach().cpu() for k, v in out.items() if isinstance(v, torch.Tensor)}
+
+
+def _model_device(model: Any) -> torch.device:
+    if isinstance(model, torch.nn.Module):
+        for p in list(model.parameters()) + list(model.buffers()):
+            return p.device
+    return torch.device("cpu")
 
 
 class CallableAdapter(Adapter):
     """Any ``fn(positions [n, 3], numbers [n], cell [3, 3] | None, pbc [3]) -> dict``.
 
     Args:
-        fn: the callable; positions and cell are passed in ``dtype``.
+        fn: the callable; positions and cell are passed in ``dtype``, on
+            ``device`` (default: the module's device, else the CPU).
         dtype: what the model computes in (sets the default tolerance).
         output_types: ``{output name: representation}`` overrides
             (``"vector"``, ``"rank2"``, ``"scalar"``, an e3nn Irreps, ...).
     """
 
-    def __init__(self, fn: Callable, *, dtype: torch.dtype = torch.float64, output_types: Mapping[str, Any] | None = None, name: str | None = None) -> None:
+    def __init__(
+        self,
+        fn: Callable,
+        *,
+        dtype: torch.dtype = torch.float64,
+        device: torch.device | str | None = None,
+        output_types: Mapping[str, Any] | None = None,
+        name: str | None = None,
+    ) -> None:
         self.fn = fn
         self.dtype = dtype
+        self.device = torch.device(device) if device is not None else _model_device(fn)
         self.output_types = dict(output_types or {})
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
 
     def __call__(self, system: System) -> dict[str, torch.Tensor]:
-        cell = None if system.cell is None else system.cell.to(self.dtype)
+        dev = self.device
+        cell = None if system.cell is None else system.cell.to(device=dev, dtype=self.dtype)
         with _eval(self.fn):
-            out = self.fn(system.pos.to(self.dtype), system.numbers, cell, system.pbc)
+            out = self.fn(system.pos.to(device=dev, dtype=self.dtype), system.numbers.to(dev), cell, system.pbc.to(dev))
         if not isinstance(out, Mapping):
             raise TypeError(f"{self.name} must return a dict of outputs (e.g. {{'energy': ..., 'forces': ...}}), got {type(out).__name__}")
         return _detach(out)
@@ -262,10 +281,21 @@ class BatchModelAdapter(Adapter):
     Args:
         dtype: default: the model's parameter dtype (float64 if it has none).
             The model is not converted; call ``model.double()`` to check in float64.
+        device: where the batch goes (default: the model's device); outputs
+            come back to the CPU for the comparisons.
     """
 
-    def __init__(self, model: Callable, *, dtype: torch.dtype | None = None, output_types: Mapping[str, Any] | None = None, name: str | None = None) -> None:
+    def __init__(
+        self,
+        model: Callable,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        output_types: Mapping[str, Any] | None = None,
+        name: str | None = None,
+    ) -> None:
         self.model = model
+        self.device = torch.device(device) if device is not None else _model_device(model)
         if dtype is None:
             dtype = torch.float64
             if isinstance(model, torch.nn.Module):
@@ -295,7 +325,7 @@ class BatchModelAdapter(Adapter):
             idx=torch.zeros(1, dtype=torch.long),
         )
         fields.update(system.atom_fields)
-        return Batch.from_data_list([Data(**fields)])
+        return Batch.from_data_list([Data(**fields)]).to(self.device)
 
     def __call__(self, system: System) -> dict[str, torch.Tensor]:
         with _eval(self.model):

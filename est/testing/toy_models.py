@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from est.data.graph import apply_strain, radius_graph, stress_from_energy
+from est.data.graph import apply_strain, radius_graph
 
 __all__ = ["MorsePotential", "morse_potential", "morse_callable", "e3nn_potential", "DEFECTS", "example_molecule", "example_crystal"]
 
