@@ -243,3 +243,38 @@ def test_worker_processes_reopen_files(tmp_path):
     assert torch.equal(other[3].pos, ds[3].pos)
     batches = list(DataLoader(ds, batch_size=4, num_workers=2))
     assert sum(b.num_graphs for b in batches) == 12
+
+
+def test_tensor_dtypes_and_views_survive_restricted_unpickling(tmp_path):
+    from est.data.safe_pickle import safe_loads
+
+    tensors = {"f32": torch.randn(4, 3), "f64": torch.randn(2, dtype=torch.float64), "i64": torch.arange(5),
+               "i32": torch.arange(3, dtype=torch.int32), "u8": torch.arange(4, dtype=torch.uint8),
+               "bool": torch.tensor([True, False]), "f16": torch.randn(3).half(), "empty": torch.empty(0),
+               "view": torch.randn(6, 4)[:, 1:3], "np": np.arange(6.0).reshape(2, 3)}
+    out = safe_loads(pickle.dumps(tensors, protocol=pickle.HIGHEST_PROTOCOL))
+    for k, v in tensors.items():
+        if isinstance(v, np.ndarray):
+            np.testing.assert_array_equal(out[k], v)
+        else:
+            assert out[k].dtype == v.dtype and torch.equal(out[k], v), k
+
+
+def test_code_inside_a_tensor_blob_is_refused(tmp_path):
+    """A crafted storage blob (torch.save of an object with a reduce) must not run."""
+    import io
+
+    marker = tmp_path / "ran"
+
+    class Boom:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    buf = io.BytesIO()
+    torch.save(Boom(), buf, _use_new_zipfile_serialization=False)
+    payload = b"\x80\x04" + b"ctorch.storage\n_load_from_bytes\n" + pickle.dumps((buf.getvalue(),))[2:-1] + b"R."
+    f = tmp_path / "blob.lmdb"
+    _write_raw(f, [payload], 1)
+    with pytest.raises(UnsafePickleError, match=r"blob\.lmdb key b'0'.*trusted=True"):
+        LmdbDataset(f)[0]
+    assert not marker.exists()

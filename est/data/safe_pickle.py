@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import struct
 from typing import Any, Optional
 
 import torch
@@ -26,9 +27,75 @@ class UnsafePickleError(pickle.UnpicklingError):
     """A pickle names a global that is not on the allow-list."""
 
 
+_STORAGE_DTYPES = {
+    "FloatStorage": torch.float32, "DoubleStorage": torch.float64, "HalfStorage": torch.float16,
+    "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
+    "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8, "BoolStorage": torch.bool,
+}
+
+
+class _StorageHeaderUnpickler(pickle.Unpickler):
+    """Reads the pickles of a legacy ``torch.save`` blob of one storage; resolves nothing but storage types."""
+
+    def find_class(self, module: str, name: str):
+        if module == "torch" and name in _STORAGE_DTYPES:
+            return _STORAGE_DTYPES[name]
+        raise pickle.UnpicklingError(f"unexpected global {module}.{name} in a storage blob")
+
+    def persistent_load(self, pid):
+        if not (isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage" and isinstance(pid[1], torch.dtype)):
+            raise pickle.UnpicklingError(f"unexpected persistent id {pid!r}")
+        return ("storage", pid[1], str(pid[2]), int(pid[4]))
+
+
+def _fast_storage(b: bytes):
+    """Parse the legacy ``torch.save`` format of a single storage directly (no code, no torch.load).
+
+    Layout: pickled magic number, protocol version, sys info; the pickled
+    object (a persistent id ``("storage", StorageType, key, location, numel,
+    ...)``); the pickled list of keys; then per key an int64 element count and
+    the raw little-endian bytes. Returns None when the blob is anything else.
+    """
+    f = io.BytesIO(b)
+    for _ in range(2):
+        _StorageHeaderUnpickler(f).load()
+    sysinfo = _StorageHeaderUnpickler(f).load()
+    if not (isinstance(sysinfo, dict) and sysinfo.get("little_endian", False)):
+        return None
+    obj = _StorageHeaderUnpickler(f).load()
+    keys = _StorageHeaderUnpickler(f).load()
+    if not (isinstance(obj, tuple) and obj[0] == "storage" and keys == [obj[2]]):
+        return None
+    dtype, numel = obj[1], obj[3]
+    (count,) = struct.unpack("<q", f.read(8))
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    raw = f.read(count * itemsize)
+    if count != numel or len(raw) != count * itemsize:
+        raise pickle.UnpicklingError(f"storage blob truncated: {len(raw)} of {count * itemsize} bytes")
+    if count == 0:
+        t = torch.empty(0, dtype=dtype)
+    else:
+        t = torch.frombuffer(bytearray(raw), dtype=dtype)
+    return torch.storage.TypedStorage(wrap_storage=t.untyped_storage(), dtype=dtype, _internal=True)
+
+
 def _safe_load_from_bytes(b: bytes) -> Any:
-    # replacement for torch.storage._load_from_bytes: tensors only, no code
-    return torch.load(io.BytesIO(b), weights_only=True)
+    """Replacement for ``torch.storage._load_from_bytes``: storages only, never code."""
+    try:
+        out = _fast_storage(b)
+    except (pickle.UnpicklingError, EOFError, struct.error, ValueError, TypeError, IndexError):
+        out = None
+    if out is None:  # another layout: torch's own loader, restricted to tensors
+        try:
+            out = torch.load(io.BytesIO(b), weights_only=True)
+        except pickle.UnpicklingError as exc:
+            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            raise UnsafePickleError(
+                "refusing to load a tensor-storage blob that holds more than tensors (torch says: "
+                f"{first}); unpickling it could run arbitrary code. If you trust the file's source, "
+                "open it with trusted=True."
+            ) from None
+    return out
 
 
 _TORCH_DTYPES = {
@@ -89,6 +156,14 @@ class RestrictedUnpickler(pickle.Unpickler):
     def __init__(self, file, *, where: str = "", **kwargs):
         super().__init__(file, **kwargs)
         self.where = where
+
+    def load(self):
+        try:
+            return super().load()
+        except UnsafePickleError as exc:
+            if self.where and self.where not in str(exc):
+                raise UnsafePickleError(f"{self.where}: {exc}") from None
+            raise
 
     def find_class(self, module: str, name: str):
         if (module, name) == ("torch.storage", "_load_from_bytes"):
