@@ -90,3 +90,27 @@ def test_cli_refuses_overwrite(tmp_path, tiny):
     assert len(LmdbDataset(dest / "s2ef" / "train")) == 3
     with pytest.raises(ValueError, match="EMT"):
         generate(str(tmp_path / "bad"), frames=1, metals=("Fe",), verbose=False)
+
+
+def test_same_set_for_any_worker_count(tmp_path, tiny):
+    out, manifest = tiny
+    other = tmp_path / "w2"
+    generate(str(other), frames=14, seed=3, workers=2, verbose=False, **TINY)
+    for sub in ("s2ef/train", "s2ef/val", "is2re/train/data.lmdb"):
+        a, b = LmdbDataset(out / sub), LmdbDataset(other / sub)
+        assert len(a) == len(b)
+        for i in range(len(a)):
+            ra, rb = a.get_record(i), b.get_record(i)
+            assert sorted(ra) == sorted(rb)
+            for k in ra:
+                assert np.array_equal(ra[k], rb[k]), (sub, i, k)
+
+
+def test_default_set_generated_once(tmp_path, monkeypatch):
+    from est.data import default_emt_dataset
+    import est.data.generate as gen
+
+    path = default_emt_dataset(tmp_path, frames=6)
+    assert os.path.isfile(os.path.join(path, "manifest.json"))
+    monkeypatch.setattr(gen, "generate", lambda *a, **k: (_ for _ in ()).throw(AssertionError("regenerated")))
+    assert default_emt_dataset(tmp_path, frames=6) == path
