@@ -13,6 +13,7 @@ Usage::
 
     python benchmarks/bench_equivariance.py                 # toy and e3nn models, float64 and float32
     python benchmarks/bench_equivariance.py --config eqv2-tiny --config est-tiny   # + untrained backbones
+    python benchmarks/bench_equivariance.py --no-defaults --config eqv2-tiny --modules   # where the error enters
     python benchmarks/bench_equivariance.py --full --json out.json
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
-from est.testing import EquivarianceReport, check_model  # noqa: E402
+from est.testing import EquivarianceReport, check_model, check_modules  # noqa: E402
 
 COLUMNS = ("rotation", "translation", "permutation", "lattice_shift", "supercell", "reflection", "repeat")
 
@@ -74,6 +75,16 @@ def summary_table(results: Sequence[tuple[str, EquivarianceReport, float]]) -> s
     return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(l) for l in lines] + [legend])
 
 
+def module_table(report: EquivarianceReport) -> str:
+    """Per-module profile (from :func:`est.testing.check_modules`): worst relative error and its degree."""
+    out = [report.title, f"{'module':<60}  {'max rel':>8}  {'mean rel':>8}  worst l"]
+    for module in report.meta["modules"]:
+        rows = [r for r in report.rows if r.output == module]
+        worst = max(rows, key=lambda r: r.max_rel)
+        out.append(f"{module:<60}  {worst.max_rel:8.1e}  {max(r.mean_rel for r in rows):8.1e}  {worst.component}")
+    return "\n".join(out)
+
+
 def default_entries() -> list[tuple[str, Any, Any]]:
     """Toy and e3nn models on a molecule and a triclinic cell, correct and with planted defects."""
     from est.testing.toy_models import MorsePotential, e3nn_potential, example_crystal, example_molecule
@@ -115,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--refine", type=int, default=12)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (small inputs: 1 is fastest)")
     p.add_argument("--full", action="store_true", help="print every report in full")
+    p.add_argument("--modules", action="store_true", help="per-module profile of the --config models (forward hooks)")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -127,6 +139,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for _, report, _ in results:
             print(report.table(), end="\n\n")
     print(summary_table(results))
+    if args.modules:
+        for name, model, sample in entries:
+            if name in args.config:
+                print()
+                print(module_table(check_modules(model, sample, name=name)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump([dict(json.loads(r.to_json()), name=n, seconds=s) for n, r, s in results], f, indent=1)

@@ -161,3 +161,69 @@ def test_errors_name_the_fix():
         check_model(MorsePotential(), example_molecule(3), checks=["rotaton"])
     with pytest.raises(ValueError, match="no cell"):
         check_model(MorsePotential(), {"pos": torch.zeros(2, 3), "numbers": [1, 1], "pbc": [True, True, True]})
+
+
+# --------------------------------------------------------------------------- per-module profile
+class _ToyNet(torch.nn.Module):
+    """Node features from edge harmonics, then a degree-wise linear, optionally a y-axis-only block."""
+
+    def __init__(self, broken: bool):
+        super().__init__()
+        from est.so3 import rotation_y, wigner_D
+
+        self.lmax = 2
+        self.embed = _Embed(self.lmax)
+        self.mix = _DegreeLinear(self.lmax, 4)
+        self.broken = broken
+        self.register_buffer("Dy", wigner_D(2, rotation_y(torch.tensor([0.9], dtype=F64)))[0])
+        self.tail = _DegreeLinear(self.lmax, 4)
+
+    def forward(self, positions, numbers, cell, pbc):
+        e = self.embed(positions)  # [n, 9, 4]
+        h = self.mix(e)
+        if self.broken:
+            h = torch.einsum("ij,njc->nic", self.Dy, h)
+        h = self.tail(h)
+        return {"energy": (h * e).sum()}  # invariant iff h rotates like e
+
+
+class _Embed(torch.nn.Module):
+    def __init__(self, lmax):
+        super().__init__()
+        self.lmax = lmax
+
+    def forward(self, pos):
+        from est.so3 import spherical_harmonics
+
+        vec = pos[None, :, :] - pos[:, None, :]  # [n, n, 3]
+        mask = ~torch.eye(pos.shape[0], dtype=torch.bool)
+        y = spherical_harmonics(self.lmax, vec[mask], normalize=True).reshape(pos.shape[0], -1, (self.lmax + 1) ** 2)
+        w = torch.exp(-vec[mask].norm(dim=-1)).reshape(pos.shape[0], -1, 1)
+        h = (y * w).sum(1)  # [n, K]
+        return torch.stack([h, 2 * h, h * h[:, :1], -h], dim=-1)  # [n, K, 4]
+
+
+class _DegreeLinear(torch.nn.Module):
+    def __init__(self, lmax, c):
+        super().__init__()
+        from est.so3 import degree_index
+
+        self.w = torch.nn.Parameter(torch.randn(lmax + 1, c, c, dtype=F64))
+        self.register_buffer("idx", degree_index(lmax))
+
+    def forward(self, x):
+        return torch.einsum("nkc,kcd->nkd", x, self.w[self.idx])
+
+
+def test_check_modules_locates_the_broken_block():
+    from est.testing import check_modules
+
+    good = check_modules(_ToyNet(broken=False), example_molecule(5))
+    good.assert_ok()
+    assert good.meta["modules"] == ["embed", "mix", "tail"]  # in execution order
+    bad = check_modules(_ToyNet(broken=True), example_molecule(5))
+    first = bad.failures()[0]
+    assert (first.output, first.component) == ("tail", "l=1")  # embed and mix are fine, the error enters before tail
+    assert bad.row("rotation", "mix", "l=2").ok and bad.row("rotation", "embed", "l=1").ok
+    # the end-to-end check agrees that something is wrong
+    assert not check_model(_ToyNet(broken=True), example_molecule(5), checks=["rotation"]).ok

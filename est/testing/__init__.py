@@ -5,10 +5,13 @@
 * :func:`check_model`: whole models (est models or any callable
   ``(positions, numbers, cell, pbc) -> outputs``) on molecules and periodic
   cells; returns an :class:`EquivarianceReport`.
+* :func:`check_modules`: the same rotation test for every submodule's node
+  features (forward hooks): where inside a model equivariance is lost.
 * :mod:`est.testing.pytest_plugin`: fixtures and the ``equivariance`` marker.
 * ``python -m est.testing.check``: the report for a checkpoint or a config.
 """
 from ._layers import assert_equivariant, equivariance_report
+from ._modules import check_modules
 from ._models import (
     DEFAULT_OUTPUT_TYPES,
     Adapter,
@@ -33,6 +36,7 @@ __all__ = [
     "assert_equivariant",
     "equivariance_report",
     "check_model",
+    "check_modules",
     "Adapter",
     "BatchModelAdapter",
     "CallableAdapter",
