@@ -9,7 +9,7 @@ calculator results when present; ``sid`` from the key-value pair ``sid``
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 from torch.utils.data import Dataset

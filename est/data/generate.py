@@ -49,8 +49,8 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from dataclasses import asdict, dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 

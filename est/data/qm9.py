@@ -34,7 +34,7 @@ import os
 import sys
 import time
 import warnings
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import numpy as np
 import torch
@@ -210,7 +210,13 @@ class QM9(Dataset):
             folder = self.source_path if os.path.isdir(self.source_path) else os.path.dirname(self.source_path)
             own = os.path.join(folder, "uncharacterized.txt")
             if os.path.isfile(own):
-                return read_uncharacterized(own), own
+                listed = read_uncharacterized(own)
+                if len(listed) > 1000 and listed != shipped_uncharacterized():
+                    warnings.warn(
+                        f"{own} lists {len(listed)} molecules; QM9's published list has 3,054 "
+                        f"({len(listed ^ shipped_uncharacterized())} indices differ). Using the file as given."
+                    )
+                return listed, own
         if self.source == "qm9pack":
             # qm9pack already leaves out the uncharacterised molecules
             return set(), "qm9pack (already excluded)"
@@ -352,6 +358,9 @@ class QM9(Dataset):
         return torch.from_numpy(out)
 
     def __getitem__(self, i: int):
+        i = int(i)
+        if i < 0:
+            i += len(self.indices)
         row = int(self.indices[i])
         a, b = int(self._offsets[row]), int(self._offsets[row + 1])
         sample = make_sample(

@@ -29,7 +29,7 @@ import io
 import os
 import re
 import tarfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
