@@ -232,6 +232,7 @@ def test_e3nn_linear_and_tensor_product_pass(e3nn_float64):
     def tp_with_sh(x, vec):  # features and edge vectors -> features
         return tp(x, o3.spherical_harmonics(sh, vec, normalize=True))
 
+    assert_equivariant(lin, inputs=torch.randn(3, irreps.dim), in_reps=irreps, out_reps=lin.irreps_out)  # one Irreps, not a list
     x, vec = torch.randn(5, irreps.dim), torch.randn(5, 3)
     assert_equivariant(tp_with_sh, inputs=(x, vec), in_reps=(irreps, "vector"), out_reps=tp.irreps_out, parity=True)
 

@@ -59,7 +59,7 @@ def _infer_rep(t: torch.Tensor) -> Rep:
 def _spec_list(spec: Any, n: int, what: str) -> list | None:
     if spec is None:
         return None
-    if isinstance(spec, (list, tuple)):
+    if isinstance(spec, (list, tuple)) and not _is_irreps(spec):
         if len(spec) != n:
             raise ValueError(f"{what} has {len(spec)} entries but there are {n} tensors")
         return list(spec)
