@@ -163,7 +163,8 @@ def as_system(sample: Any) -> System:
         extras = {k: get(k) for k in _PER_ATOM_FIELDS if get(k) is not None}
     pos_t = torch.as_tensor(pos).detach().to(torch.float64).reshape(-1, 3)
     n = pos_t.shape[0]
-    numbers_t = torch.as_tensor(numbers).detach().reshape(-1).round().long() if torch.as_tensor(numbers).is_floating_point() else torch.as_tensor(numbers).detach().reshape(-1).long()
+    numbers_t = torch.as_tensor(numbers).detach().reshape(-1)
+    numbers_t = (numbers_t.round() if numbers_t.is_floating_point() else numbers_t).long()  # old OC20 files: float Z
     if numbers_t.numel() != n:
         raise ValueError(f"check_model: {numbers_t.numel()} atomic numbers for {n} positions")
     cell_t = None if cell is None else torch.as_tensor(cell).detach().to(torch.float64).reshape(3, 3)
