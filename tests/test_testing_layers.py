@@ -308,11 +308,7 @@ def test_checker_wigner_D_is_exact_everywhere():
     assert _wigner_search(lambda R: robust_wigner_D(3, R)).value < 1e-13
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="found by this suite: est.so3.matrix_to_angles sets alpha = 0 when |sin beta| < 1e-7 (float64), "
-    "so wigner_D is off by ~1e-6 for rotations about axes within ~1e-7 of y",
-)
+# found by this suite (alpha was snapped to 0 for |sin beta| < 1e-7); fixed in est.so3._wigner
 def test_est_so3_wigner_D_is_exact_near_the_pole():
     res = _wigner_search(lambda R: wigner_D(3, R[None])[0])
     assert res.value < 1e-12, f"error {res.value:.1e} at {describe_rotation(res.rotation)}"

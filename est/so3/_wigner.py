@@ -73,19 +73,19 @@ def _safe_atan2(y: torch.Tensor, x: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.atan2(y_safe, x_safe)
 
 
-def matrix_to_angles(R: torch.Tensor, eps: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def matrix_to_angles(R: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Euler angles ``(alpha, beta, gamma)`` with ``R = R_y(alpha) R_x(beta) R_y(gamma)``.
 
     ``R e_y = (sin b sin a, cos b, sin b cos a)`` gives alpha and beta; gamma
-    is read off ``R_x(-beta) R_y(-alpha) R``. Where ``R e_y`` is (anti)parallel
-    to the pole, alpha is set to 0 and gamma absorbs the whole roll, with
-    finite gradients.
+    is read off ``R_x(-beta) R_y(-alpha) R``. Only where ``R e_y`` is exactly
+    (to ``sqrt(tiny)``) along the pole is alpha set to 0, so that gamma absorbs
+    the whole roll; ``atan2`` is accurate for small arguments, so rotations
+    near the pole keep full precision, and gradients stay finite.
     """
-    if eps is None:
-        eps = 1e-7 if R.dtype == torch.float64 else 1e-4
+    tiny = torch.finfo(R.dtype).tiny ** 0.5
     w = R[..., :, 1]  # [..., 3] image of the pole
-    alpha = _safe_atan2(w[..., 0], w[..., 2], eps)
-    beta = torch.atan2(torch.sqrt(w[..., 0] ** 2 + w[..., 2] ** 2 + 1e-30), w[..., 1])
+    alpha = _safe_atan2(w[..., 0], w[..., 2], tiny)
+    beta = torch.atan2(torch.sqrt(w[..., 0] ** 2 + w[..., 2] ** 2 + tiny * tiny), w[..., 1])
     M = rotation_x(-beta) @ rotation_y(-alpha) @ R  # [..., 3, 3] = R_y(gamma)
     gamma = torch.atan2(M[..., 0, 2], M[..., 0, 0])
     return alpha, beta, gamma
