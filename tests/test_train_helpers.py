@@ -37,7 +37,8 @@ class PairModel(nn.Module):
         self.drop = nn.Dropout(dropout)
         out = num_targets or 1
         self.head = nn.Sequential(nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, out))
-        self.force_head = nn.Sequential(nn.Linear(num_rbf + hidden, hidden), nn.SiLU(), nn.Linear(hidden, 1))
+        if regress_forces == "direct":
+            self.force_head = nn.Sequential(nn.Linear(num_rbf + hidden, hidden), nn.SiLU(), nn.Linear(hidden, 1))
 
     def forward(self, batch):
         with torch.enable_grad() if self.regress_forces == "gradient" else contextlib.nullcontext():
@@ -82,7 +83,7 @@ def emt_samples(n: int, seed: int = 0, *, nan_at: Optional[int] = None) -> List:
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
-        size = (2, 2, 2) if i % 3 else (2, 2, 3)
+        size = ((2, 2, 3), (2, 2, 2), (3, 2, 2))[i % 3]  # 13, 9, 13 atoms; 5, 5, 7 free
         slab = fcc111("Cu", size=size, vacuum=6.0)
         add_adsorbate(slab, "O" if i % 2 else "H", 1.6 + 0.3 * rng.random(), "fcc")
         tags = np.where(np.arange(len(slab)) == len(slab) - 1, 2, 0)

@@ -253,10 +253,21 @@ def resolve_model_stats(model_cfg: Dict[str, Any], train_ds, *, max_samples: int
     if want_d:
         from est.data.graph import radius_graph
 
-        if "cutoff" not in cfg:
-            raise ValueError("model.avg_degree=auto needs model.cutoff. Fix: set model.cutoff or a number for avg_degree.")
+        graph = {k: cfg[k] for k in ("cutoff", "max_neighbors", "use_pbc") if k in cfg}
+        if len(graph) < 3 and not cfg.get("_target_"):
+            try:  # the named preset's values for what the config does not set
+                from est.models import model_config
+
+                preset = model_config(cfg["name"])
+                graph = {k: graph.get(k, getattr(preset, k)) for k in ("cutoff", "max_neighbors", "use_pbc")}
+            except Exception:
+                pass
+        if "cutoff" not in graph:
+            from .config import ConfigError
+
+            raise ConfigError("model.avg_degree=auto needs the model's cutoff. Fix: set model.cutoff, or a number for model.avg_degree.")
         b = Batch.from_data_list(samples)
-        pbc = b.pbc if cfg.get("use_pbc", False) else torch.zeros_like(b.pbc)
-        g = radius_graph(b.pos, float(cfg["cutoff"]), b.batch, cell=b.cell, pbc=pbc, max_neighbors=cfg.get("max_neighbors"))
+        pbc = b.pbc if graph.get("use_pbc", False) else torch.zeros_like(b.pbc)
+        g = radius_graph(b.pos, float(graph["cutoff"]), b.batch, cell=b.cell, pbc=pbc, max_neighbors=graph.get("max_neighbors"))
         cfg["avg_degree"] = float(g.edge_index.shape[1]) / float(b.num_nodes)
     return cfg

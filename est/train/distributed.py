@@ -6,6 +6,7 @@ Backend: nccl when the device is CUDA, gloo on CPU.
 """
 from __future__ import annotations
 
+import datetime
 import os
 from dataclasses import dataclass
 from typing import Any, List
@@ -45,7 +46,10 @@ def setup_distributed(device: str = "auto") -> DistInfo:
         torch.cuda.set_device(dev)
     owns = False
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo", rank=rank, world_size=world)
+        # a peer that died must not leave the others blocked for torch's default 30 minutes forever:
+        # EST_DIST_TIMEOUT (seconds) bounds every collective
+        timeout = datetime.timedelta(seconds=float(os.environ.get("EST_DIST_TIMEOUT", "1800")))
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo", rank=rank, world_size=world, timeout=timeout)
         owns = True
     if dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
