@@ -210,6 +210,8 @@ class Trainer:
         self._stop_signal: Optional[int] = None
         self.on_step_end: Optional[Callable[["Trainer"], None]] = None
         self.last_eval_step = -1
+        self.final_results: Dict[str, Dict[str, float]] = {}
+        self.timing = {"steps": 0, "time": 0.0, "wait": 0.0, "samples": 0}
         if ckpt is not None:
             self._load_state(ckpt)
             self.log(f"[est.train] resumed from {self.resumed_from} at step {self.step} (epoch {self.epoch}, batch {self.position})")
