@@ -88,15 +88,16 @@ class SphericalTransformer(nn.Module):
             nn.Sequential(nn.LayerNorm(C), nn.Linear(C, cfg.mlp_ratio * C), nn.SiLU(), nn.Linear(cfg.mlp_ratio * C, C))
             for _ in range(cfg.num_experts)
         )
-        w = self.sft.weights
+        w = self.sft._masters["weights"]
         if not torch.allclose(w, w.mean().expand_as(w), rtol=1e-9, atol=0):
-            self.register_buffer("log_weights", torch.log(w / w.mean()), persistent=False)  # [S]
+            lw = torch.log(w / w.mean()).to(torch.get_default_dtype())
+            self.register_buffer("log_weights", lw, persistent=False)  # [S]
         else:
             self.log_weights = None
         if cfg.encoding == "bias":
-            pts = self.sft.points.double().numpy()
+            pts = self.sft.points64.numpy()
             table = _legendre_table(np.clip(pts @ pts.T, -1, 1), cfg.bias_degree)  # [D+1, S, S]
-            self.register_buffer("legendre", torch.from_numpy(table).to(self.sft.points.dtype), persistent=False)
+            self.register_buffer("legendre", torch.from_numpy(table).to(torch.get_default_dtype()), persistent=False)
             self.bias_coeff = nn.Parameter(torch.zeros(cfg.num_heads, cfg.bias_degree + 1))  # [H, D+1]
         self.check_inputs = True
 

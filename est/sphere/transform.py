@@ -54,6 +54,20 @@ def transform_matrices(
     return Yhat, Yhat.T.contiguous()
 
 
+def _apply_matrix(M: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``M [P, Q]`` applied to ``x [N, Q, C]`` as one 2-D GEMM: ``[N, P, C]``.
+
+    ``x`` is viewed as ``[Q, N*C]`` (one copy at most) and the result returned
+    as a transposed view of ``[P, N, C]``: about 2x faster forward+backward on
+    CPU than broadcasting ``M @ x`` over N small matrices.
+    """
+    if x.dim() != 3:
+        return M @ x
+    N, Q, C = x.shape
+    y = M @ x.transpose(0, 1).reshape(Q, N * C)  # [P, N*C]
+    return y.view(-1, N, C).transpose(0, 1)  # [N, P, C]
+
+
 class SphericalFourierTransform(nn.Module):
     """Irreps ``[N, K, C]`` <-> sphere samples ``[N, S, C]`` by two cached matmuls.
 
@@ -96,11 +110,24 @@ class SphericalFourierTransform(nn.Module):
             kind, lmax, num_points, degree=degree, resolution=resolution, relax_steps=relax_steps
         )
         A, B = transform_matrices(lmax, points, weights, normalization)
+        # float64 masters: every cast of the module re-derives its buffers from
+        # them, so .float().double() does not lose precision (see _apply)
+        self._masters = dict(points=points, weights=weights, to_matrix=A, from_matrix=B)
         dtype = torch.get_default_dtype()
-        self.register_buffer("points", points.to(dtype), persistent=False)
-        self.register_buffer("weights", weights.to(dtype), persistent=False)
-        self.register_buffer("to_matrix", A.to(dtype), persistent=False)
-        self.register_buffer("from_matrix", B.to(dtype), persistent=False)
+        for name, value in self._masters.items():
+            self.register_buffer(name, value.to(dtype), persistent=False)
+
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        for name, master in self._masters.items():
+            buf = getattr(self, name)
+            setattr(self, name, master.to(device=buf.device, dtype=buf.dtype))
+        return out
+
+    @property
+    def points64(self) -> torch.Tensor:
+        """The points in float64 on the CPU (independent of the module's dtype)."""
+        return self._masters["points"]
 
     @property
     def num_points(self) -> int:
@@ -124,12 +151,12 @@ class SphericalFourierTransform(nn.Module):
         self._check(x, self.num_coefficients, f"K for lmax={self.lmax}", "to_sphere")
         if rotation is not None:
             x = rotation.transpose(-1, -2) @ x  # [..., K, C]
-        return self.to_matrix.to(x.dtype) @ x  # [..., S, C]
+        return _apply_matrix(self.to_matrix.to(x.dtype), x)  # [..., S, C]
 
     def from_sphere(self, f: torch.Tensor, rotation: torch.Tensor | None = None) -> torch.Tensor:
         """``[..., S, C] -> [..., K, C]``; ``rotation`` as in :meth:`to_sphere`."""
         self._check(f, self.num_points, "S points", "from_sphere")
-        x = self.from_matrix.to(f.dtype) @ f  # [..., K, C]
+        x = _apply_matrix(self.from_matrix.to(f.dtype), f)  # [..., K, C]
         if rotation is not None:
             x = rotation @ x
         return x
