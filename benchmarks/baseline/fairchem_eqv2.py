@@ -1,0 +1,306 @@
+r"""fairchem's EquiformerV2 (fairchem-core 1.10.0) at the shape of one of our ``ModelConfig``\ s.
+
+The baseline lives in its own environment (``benchmarks/baseline/setup_fairchem.sh``,
+default ``benchmarks/.venv-fairchem``); est never depends on it. Scripts call
+:func:`reexec_in_baseline_env` first: when fairchem is not importable here but
+the venv exists, the script restarts itself under the venv's Python (which
+also has est installed, editable). When neither works, :func:`available`
+returns ``False`` and :data:`MISSING` is the message to print; the scripts
+then skip the baseline columns.
+
+* :func:`comparable_config`: one of our named shapes with the two fields
+  fairchem cannot vary made to match it (600 Gaussians, square grid) and a
+  finite ``max_neighbors``.
+* :func:`fairchem_kwargs` / :func:`build_fairchem`: the same hyperparameters
+  as fairchem's ``EquiformerV2Backbone`` + ``equiformer_v2_energy_head`` +
+  ``equiformer_v2_force_head`` in a ``HydraModel`` (the OC20 S2EF settings:
+  grid MLP, separable S2 activation, SiLU, attention renormalisation).
+* :class:`FairchemModel`: wraps it in our contract ``model(batch) ->
+  {"energy" [B], "forces" [N, 3]}``; molecules (all ``pbc`` False) go into a
+  cubic periodic box larger than their extent plus twice the cutoff
+  (fairchem's non-periodic path needs torch-cluster).
+* :func:`fairchem_callable`: ``fn(positions, numbers, cell, pbc) -> dict`` for
+  ``est.testing.check_model``.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+VENV = Path(os.environ.get("EST_FAIRCHEM_VENV", ROOT / "benchmarks" / ".venv-fairchem"))
+MISSING = "baseline environment missing: run benchmarks/baseline/setup_fairchem.sh (fairchem columns skipped)"
+_REEXEC_FLAG = "EST_FAIRCHEM_REEXEC"
+
+#: fairchem's GaussianSmearing always has 600 Gaussians (num_distance_basis is ignored)
+FAIRCHEM_NUM_RADIAL = 600
+
+
+def _fairchem_importable() -> bool:
+    return importlib.util.find_spec("fairchem") is not None
+
+
+def reexec_in_baseline_env() -> None:
+    """Restart this script under the baseline venv's Python if fairchem is not importable here.
+
+    No-op when fairchem imports already, when the venv is absent, when
+    ``EST_FAIRCHEM_REEXEC`` is set (the restarted process, or ``=0`` to opt out).
+    """
+    if _fairchem_importable() or os.environ.get(_REEXEC_FLAG):
+        return
+    py = VENV / "bin" / "python"
+    if not py.exists():
+        return
+    if Path(sys.prefix).resolve() == VENV.resolve():  # already the venv (its python is a symlink)
+        return
+    os.environ[_REEXEC_FLAG] = "1"
+    print(f"[baseline] restarting under {py} (fairchem's environment)", flush=True)
+    sys.stdout.flush()
+    os.execv(str(py), [str(py)] + sys.argv)
+
+
+_IMPORT_ERROR: str | None = None
+
+
+def _import_fairchem():
+    """Import fairchem's EquiformerV2 path with the torch_scatter stand-in installed first."""
+    global _IMPORT_ERROR
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    import torch_scatter_stub  # noqa: F401  (registers itself as torch_scatter)
+
+    logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from fairchem.core.models.base import HydraModel
+        import fairchem.core.models.equiformer_v2.equiformer_v2  # noqa: F401  (registers backbone + heads)
+        import fairchem.core.models.equiformer_v2.heads  # noqa: F401
+    return HydraModel
+
+
+def available() -> bool:
+    """True when fairchem's EquiformerV2 imports in this process."""
+    global _IMPORT_ERROR
+    if not _fairchem_importable():
+        _IMPORT_ERROR = MISSING
+        return False
+    try:
+        _import_fairchem()
+    except Exception as err:  # noqa: BLE001 - report any import problem, skip the baseline
+        _IMPORT_ERROR = f"fairchem import failed ({type(err).__name__}: {err}); {MISSING}"
+        return False
+    return True
+
+
+def unavailable_reason() -> str:
+    return _IMPORT_ERROR or MISSING
+
+
+def fairchem_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("fairchem-core")
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def comparable_config(name: str, **overrides):
+    """Our named shape with what fairchem cannot vary made to match.
+
+    fairchem's EquiformerV2 always expands distances in 600 Gaussians and uses
+    a square ``resolution x resolution`` grid; it needs a finite
+    ``max_neighbors``. Other overrides (cutoff, update, ...) pass through.
+    """
+    from est.models import model_config
+
+    cfg = model_config(name, **overrides)
+    changes = {}
+    if cfg.num_radial != FAIRCHEM_NUM_RADIAL:
+        changes["num_radial"] = FAIRCHEM_NUM_RADIAL
+    r = max(cfg.grid_resolution)
+    if tuple(cfg.grid_resolution) != (r, r):
+        changes["grid_resolution"] = (r, r)
+    if cfg.max_neighbors is None:
+        changes["max_neighbors"] = 20
+    return cfg.replace(**changes) if changes else cfg
+
+
+def fairchem_kwargs(cfg) -> dict:
+    """``EquiformerV2Backbone`` keyword arguments for our :class:`est.models.ModelConfig`."""
+    lat, lon = cfg.grid_resolution
+    problems = []
+    if lat != lon:
+        problems.append(f"grid_resolution {cfg.grid_resolution} is not square (fairchem: one resolution)")
+    if cfg.num_radial != FAIRCHEM_NUM_RADIAL:
+        problems.append(f"num_radial={cfg.num_radial} (fairchem always uses 600 Gaussians)")
+    if cfg.max_neighbors is None:
+        problems.append("max_neighbors=None (fairchem needs a number)")
+    if cfg.envelope is not None or cfg.radial_width_factor != 2.0:
+        problems.append("envelope / radial_width_factor differ from fairchem's Gaussian smearing")
+    if problems:
+        raise ValueError("config not expressible in fairchem's EquiformerV2: " + "; ".join(problems)
+                         + " (use comparable_config())")
+    return dict(
+        model="equiformer_v2_backbone",
+        use_pbc=True,  # molecules go into a periodic box (see FairchemModel)
+        use_pbc_single=False,
+        regress_forces=True,
+        otf_graph=True,
+        max_neighbors=int(cfg.max_neighbors),
+        max_radius=float(cfg.cutoff),
+        max_num_elements=cfg.max_num_elements,
+        num_layers=cfg.num_layers,
+        sphere_channels=cfg.channels,
+        attn_hidden_channels=cfg.attn_hidden_channels,
+        num_heads=cfg.num_heads,
+        attn_alpha_channels=cfg.attn_alpha_channels,
+        attn_value_channels=cfg.attn_value_channels,
+        ffn_hidden_channels=cfg.ffn_hidden_channels,
+        norm_type=cfg.norm,
+        lmax_list=[cfg.lmax],
+        mmax_list=[cfg.mmax],
+        grid_resolution=int(lat),
+        num_sphere_samples=128,
+        edge_channels=cfg.edge_channels,
+        use_atom_edge_embedding=cfg.use_atom_edge_embedding,
+        share_atom_edge_embedding=False,
+        use_m_share_rad=False,
+        distance_function="gaussian",
+        num_distance_basis=cfg.num_radial,
+        attn_activation="silu",
+        use_s2_act_attn=False,
+        use_attn_renorm=True,
+        ffn_activation="silu",
+        use_gate_act=False,
+        use_grid_mlp=True,
+        use_sep_s2_act=True,
+        alpha_drop=cfg.alpha_drop,
+        drop_path_rate=cfg.drop_path,
+        proj_drop=0.0,
+        weight_init="uniform",
+        enforce_max_neighbors_strictly=True,
+        avg_num_nodes=cfg.avg_num_nodes,
+        avg_degree=cfg.avg_degree,
+    )
+
+
+def build_fairchem(cfg) -> nn.Module:
+    """fairchem's ``HydraModel`` (EquiformerV2 backbone + energy + force heads) at ``cfg``'s shape."""
+    HydraModel = _import_fairchem()
+    if cfg.update != "ffn":
+        raise ValueError(f"fairchem's EquiformerV2 has the FFN update only; got update={cfg.update!r}")
+    heads = {
+        "energy": {"module": "equiformer_v2_energy_head", "reduce": cfg.energy_reduce},
+        "forces": {"module": "equiformer_v2_force_head"},
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return HydraModel(backbone=fairchem_kwargs(cfg), heads=heads, otf_graph=True)
+
+
+def boxed(batch, cutoff: float, margin: float = 2.0):
+    """A copy of ``batch`` for fairchem: molecules (no periodic direction) in a cubic periodic box.
+
+    Box edge = largest molecular extent + 2 cutoff + margin, so no periodic
+    image is within the cutoff. Periodic samples keep their cell and pbc.
+    """
+    b = batch.clone()
+    B = int(b.natoms.numel())
+    pbc = b.pbc.view(B, 3).bool() if "pbc" in b else torch.zeros(B, 3, dtype=torch.bool)
+    cell = b.cell.view(B, 3, 3).to(b.pos.dtype) if "cell" in b else b.pos.new_zeros(B, 3, 3)
+    mol = ~pbc.any(dim=1)  # [B]
+    if bool(mol.any()):
+        if not bool(mol.all()):
+            raise ValueError("fairchem batches need one pbc setting for all structures; batch molecules and crystals separately")
+        lo = torch.full((B, 3), float("inf"), dtype=b.pos.dtype, device=b.pos.device)
+        hi = -lo
+        lo = lo.scatter_reduce(0, b.batch[:, None].expand(-1, 3), b.pos, "amin")
+        hi = hi.scatter_reduce(0, b.batch[:, None].expand(-1, 3), b.pos, "amax")
+        edge = float((hi - lo).max()) + 2 * cutoff + margin
+        cell = torch.eye(3, dtype=b.pos.dtype, device=b.pos.device).expand(B, 3, 3) * edge
+        pbc = torch.ones(B, 3, dtype=torch.bool, device=b.pos.device)
+    b.cell = cell.contiguous()
+    b.pbc = pbc
+    b.atomic_numbers = b.atomic_numbers.long()
+    b.natoms = b.natoms.view(-1).long()
+    return b
+
+
+class FairchemModel(nn.Module):
+    """fairchem's EquiformerV2 in our contract: ``model(batch) -> {"energy" [B], "forces" [N, 3]}``.
+
+    ``boxed`` conversion happens inside ``forward`` (it is cheap: a clone and
+    a few reductions) so timings include it as est's include its graph build.
+    """
+
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = build_fairchem(cfg)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, batch) -> dict[str, torch.Tensor]:
+        data = boxed(batch, self.config.cutoff)
+        bb = self.model.backbone
+        if data.pos.dtype == torch.float32:
+            out = self.model(data)
+        else:
+            # fairchem's radius_graph_pbc hard-codes float32 image offsets: select the edges on a
+            # float32 copy (topology only) and let the model compute distances in data.pos's dtype
+            from fairchem.core.common.utils import radius_graph_pbc
+
+            d32 = data.clone()
+            d32.pos, d32.cell = data.pos.float(), data.cell.float()
+            previous = torch.get_default_dtype()
+            torch.set_default_dtype(torch.float32)
+            try:
+                data.edge_index, data.cell_offsets, data.neighbors = radius_graph_pbc(
+                    d32, self.config.cutoff, int(self.config.max_neighbors), bb.enforce_max_neighbors_strictly)
+            finally:
+                torch.set_default_dtype(previous)
+            data.cell_offsets = data.cell_offsets.to(data.pos.dtype)
+            bb.otf_graph, self.model.otf_graph = False, False
+            try:
+                out = self.model(data)
+            finally:
+                bb.otf_graph, self.model.otf_graph = True, True
+        return {"energy": out["energy"]["energy"].view(-1), "forces": out["forces"]["forces"].view(-1, 3)}
+
+
+def fairchem_callable(model: FairchemModel):
+    """``fn(positions [n, 3], numbers [n], cell [3, 3] | None, pbc [3]) -> dict`` (one structure)."""
+    from torch_geometric.data import Batch, Data
+
+    def fn(positions, numbers, cell, pbc):
+        # fairchem allocates some tensors (radius_graph_pbc's unit cells) in the default dtype:
+        # float64 inputs only run with float64 as the default dtype
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(positions.dtype if positions.dtype in (torch.float32, torch.float64) else previous)
+        try:
+            return _call(positions, numbers, cell, pbc)
+        finally:
+            torch.set_default_dtype(previous)
+
+    def _call(positions, numbers, cell, pbc):
+        n = positions.shape[0]
+        cell = positions.new_zeros(3, 3) if cell is None else cell.to(positions.dtype)
+        pbc = torch.zeros(3, dtype=torch.bool) if pbc is None else torch.as_tensor(pbc).bool().view(3)
+        data = Data(pos=positions, atomic_numbers=torch.as_tensor(numbers).long(), natoms=torch.tensor([n]),
+                    cell=cell.reshape(1, 3, 3), pbc=pbc.reshape(1, 3),
+                    fixed=torch.zeros(n, dtype=torch.long), tags=torch.zeros(n, dtype=torch.long))
+        out = model(Batch.from_data_list([data]))
+        return {"energy": out["energy"][0], "forces": out["forces"]}
+
+    fn.__name__ = "fairchem_EquiformerV2"
+    return fn
