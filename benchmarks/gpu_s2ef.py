@@ -3,7 +3,7 @@
 One training step = forward (energy + direct forces) + OC20-like loss +
 backward + AdamW step, on a batch of ``--slabs`` OC20-like Cu(111) slabs with
 CO (``--size``, default 4x4x4 + CO = 66 atoms, OC20's mean is 78), in float32
-and under bf16 autocast. Per (model, precision): ``--warmup`` steps, then
+and under bf16 autocast. Each model is built once; per precision (fresh AdamW): ``--warmup`` steps, then
 ``--steps`` timed steps (CUDA-synchronised wall time) -> steps/s, atoms/s;
 peak memory = ``max_memory_allocated`` over the timed steps (parameters,
 gradients and AdamW state included), and the part above what was allocated
@@ -35,57 +35,68 @@ from bench_vs_fairchem import autocast, build, count_edges, loss_fn, num_params,
 from common import print_table  # noqa: E402
 
 
-def run_one(variant, cfg, batch, *, amp, warmup, steps, device="cuda"):
+def run_model(variant, cfg, batch, *, precisions, warmup, steps, device="cuda", deadline=float("inf")):
+    """Build ``variant`` once; one row per precision (fresh AdamW each)."""
     torch.manual_seed(0)
     t0 = time.perf_counter()
     try:
         model = build(variant, cfg, device).train()
     except Exception as err:  # noqa: BLE001
         traceback.print_exc()
-        return dict(model=variant, precision=amp or "fp32", note=f"build failed: {type(err).__name__}: {err}"[:160])
+        return [dict(model=variant, precision=p, note=f"build failed: {type(err).__name__}: {err}"[:160]) for p in precisions]
     build_s = time.perf_counter() - t0
-    opt = torch.optim.AdamW(model.parameters(), lr=4e-4, weight_decay=1e-3)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with autocast(device, amp):
-            out = model(batch)
-            loss = loss_fn(out, batch)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 100.0)
-        opt.step()
-        return loss
-
     cuda = device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    try:
-        loss = None
-        for _ in range(warmup):
-            loss = step()
-        sync()
-        base = torch.cuda.memory_allocated() if cuda else 0
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            loss = step()
-        sync()
-        dt = time.perf_counter() - t0
-        peak = torch.cuda.max_memory_allocated() if cuda else 0
-        natoms = int(batch.natoms.sum())
-        row = dict(model=variant, precision=amp or "fp32", params_M=num_params(model) / 1e6,
-                   atoms=natoms, edges=count_edges(variant, model, batch), build_s=build_s,
-                   step_ms=1e3 * dt / steps, steps_per_s=steps / dt, atoms_per_s=natoms * steps / dt,
-                   peak_GB=peak / 2**30, activations_GB=(peak - base) / 2**30,
-                   loss_finite=bool(torch.isfinite(loss).item()))
-    except Exception as err:  # noqa: BLE001 - record (OOM, dtype errors) and go on
-        traceback.print_exc()
-        row = dict(model=variant, precision=amp or "fp32", note=f"{type(err).__name__}: {err}"[:160])
-    finally:
-        del model, opt
+    natoms = int(batch.natoms.sum())
+    edges = count_edges(variant, model, batch)
+    rows = []
+    for prec in precisions:
+        amp = None if prec == "fp32" else prec
+        if time.perf_counter() > deadline:
+            rows.append(dict(model=variant, precision=prec, note="skipped: time budget spent"))
+            continue
+        opt = torch.optim.AdamW(model.parameters(), lr=4e-4, weight_decay=1e-3)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            with autocast(device, amp):
+                out = model(batch)
+                loss = loss_fn(out, batch)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 100.0)
+            opt.step()
+            return loss
+
+        try:
+            loss = None
+            for _ in range(warmup):
+                loss = step()
+            sync()
+            base = torch.cuda.memory_allocated() if cuda else 0
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                loss = step()
+            sync()
+            dt = time.perf_counter() - t0
+            peak = torch.cuda.max_memory_allocated() if cuda else 0
+            row = dict(model=variant, precision=prec, params_M=num_params(model) / 1e6, atoms=natoms, edges=edges,
+                       build_s=build_s, step_ms=1e3 * dt / steps, steps_per_s=steps / dt, atoms_per_s=natoms * steps / dt,
+                       peak_GB=peak / 2**30, activations_GB=(peak - base) / 2**30,
+                       loss_finite=bool(torch.isfinite(loss).item()))
+        except Exception as err:  # noqa: BLE001 - record (OOM, dtype errors) and go on
+            traceback.print_exc()
+            row = dict(model=variant, precision=prec, note=f"{type(err).__name__}: {err}"[:160])
+        del opt, step
         if cuda:
             torch.cuda.empty_cache()
-    return row
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    del model
+    if cuda:
+        torch.cuda.empty_cache()
+    return rows
 
 
 def main(argv=None):
@@ -96,8 +107,8 @@ def main(argv=None):
     ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     ap.add_argument("--slabs", type=int, default=8)
     ap.add_argument("--size", type=int, nargs=3, default=(4, 4, 4))
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--budget", type=float, default=300.0, help="seconds; later runs are skipped past it")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of this script (no memory numbers)")
     args = ap.parse_args(argv)
@@ -115,16 +126,13 @@ def main(argv=None):
     print(f"{args.config}: {int(batch.natoms.sum())} atoms in {args.slabs} slabs, {gpu}, "
           f"torch {torch.__version__}, fairchem {fe.fairchem_version()}", flush=True)
     rows = []
-    for prec in args.precisions:
-        for m in models:
-            elapsed = time.perf_counter() - t_start
-            if elapsed > args.budget:
-                rows.append(dict(model=m, precision=prec, note=f"skipped: budget {args.budget:.0f}s spent"))
-                continue
-            row = run_one(m, cfg, batch, amp=None if prec == "fp32" else prec, warmup=args.warmup, steps=args.steps,
-                          device=args.device)
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+    deadline = t_start + args.budget
+    for m in models:  # in priority order; each model is built once for all precisions
+        if time.perf_counter() > deadline:
+            rows += [dict(model=m, precision=p, note=f"skipped: budget {args.budget:.0f}s spent") for p in args.precisions]
+            continue
+        rows += run_model(m, cfg, batch, precisions=args.precisions, warmup=args.warmup, steps=args.steps,
+                          device=args.device, deadline=deadline)
     for prec in args.precisions:  # ratios vs fairchem at the same precision
         by = {r["model"]: r for r in rows if r["precision"] == prec and "step_ms" in r}
         fc = by.get("fairchem")
