@@ -24,6 +24,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 import torch
+from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, Dataset
 from torch_geometric.data import Batch
 
@@ -131,7 +132,8 @@ def build_datasets(dcfg, info, splits: Sequence[str] = ("train", "val", "test"))
     for s in ("train", "val", "test"):
         if s not in splits or paths[s] is None:
             continue
-        ds = LmdbDataset(paths[s], key_map=dict(dcfg.key_map) or None, trusted=dcfg.trusted)
+        key_map = OmegaConf.to_container(dcfg.key_map) if isinstance(dcfg.key_map, DictConfig) else dict(dcfg.key_map or {})
+        ds = LmdbDataset(paths[s], key_map=key_map or None, trusted=dcfg.trusted)
         if s == "train" or frac is None:
             frac = _subset_fraction(dcfg.subset, len(ds)) if s == "train" or "train" not in splits else frac
         out[s] = _take(ds, frac, seed=dcfg.split_seed + {"train": 0, "val": 1, "test": 2}[s])

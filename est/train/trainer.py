@@ -125,7 +125,7 @@ class Trainer:
         self.info = info or setup_distributed(t.device)
         self.device = self.info.device
         self.run_dir = os.path.abspath(cfg.run_dir)
-        self.log = print if self.info.is_main else (lambda *a, **k: None)
+        self.log = (lambda *a, **k: print(*a, **k, flush=True)) if self.info.is_main else (lambda *a, **k: None)
         if self.info.is_main:
             os.makedirs(self.run_dir, exist_ok=True)
         barrier(self.info)
