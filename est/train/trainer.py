@@ -211,6 +211,7 @@ class Trainer:
         self.on_step_end: Optional[Callable[["Trainer"], None]] = None
         self.last_eval_step = -1
         self.final_results: Dict[str, Dict[str, float]] = {}
+        self._eval_s = 0.0
         self.timing = {"steps": 0, "time": 0.0, "wait": 0.0, "samples": 0}
         if ckpt is not None:
             self._load_state(ckpt)
@@ -392,6 +393,13 @@ class Trainer:
         return metrics, merged
 
     def _eval_and_checkpoint(self) -> Dict[str, float]:
+        t0 = time.perf_counter()
+        try:
+            return self._eval_and_checkpoint_inner()
+        finally:
+            self._eval_s += time.perf_counter() - t0  # kept out of the training step timing
+
+    def _eval_and_checkpoint_inner(self) -> Dict[str, float]:
         m = self.evaluate("val") if "val" in self.datasets else {}
         self.last_eval_step = self.step
         if m:
@@ -428,8 +436,7 @@ class Trainer:
         except ImportError:  # pragma: no cover
             bar = None
         status = "finished"
-        win = {"loss": 0.0, "n": 0, "t0": time.perf_counter(), "samples": 0, "wait": 0.0}
-        self.timing = {"steps": 0, "time": 0.0, "wait": 0.0, "samples": 0}
+        win = {"loss": 0.0, "n": 0, "t0": time.perf_counter(), "samples": 0, "wait": 0.0, "eval0": self._eval_s}
         self._stop_agreed = False
         with self._signals():
             while self.step < self.total_steps:
@@ -489,7 +496,7 @@ class Trainer:
     def _log_train(self, win, bar) -> None:
         vec = all_reduce_sum(torch.tensor([win["loss"], float(win["n"]), float(win["samples"])], dtype=torch.float64), self.info)
         loss = float(vec[0] / max(vec[1], 1.0) / self.info.world_size)
-        dt = time.perf_counter() - win["t0"]
+        dt = time.perf_counter() - win["t0"] - (self._eval_s - win["eval0"])
         rate = float(vec[2]) / max(dt, 1e-9)
         wait = win["wait"] / max(dt, 1e-9)
         row = {"step": self.step, "epoch": self.epoch, "split": "train", "lr": self.lr(), "loss": loss,
@@ -506,7 +513,7 @@ class Trainer:
         elif not self.cfg.trainer.progress:
             self.log(f"[est.train] step {self.step}/{self.total_steps} loss={loss:.5g} lr={row['lr']:.3e} "
                      f"{rate:.1f} samples/s data-wait {100 * wait:.1f}%")
-        win.update(loss=0.0, n=0, t0=time.perf_counter(), samples=0, wait=0.0)
+        win.update(loss=0.0, n=0, t0=time.perf_counter(), samples=0, wait=0.0, eval0=self._eval_s)
 
     # ==================================================================== end of run
     def final_evaluation(self) -> Dict[str, Dict[str, float]]:
@@ -526,17 +533,19 @@ class Trainer:
                 row = {"step": self.step, "epoch": self.epoch, "split": f"final_{s}", **results[s]}
                 if self.csv:
                     self.csv.write(row)
-        if self.info.is_main and results:
-            names = [m for m in self.task.metric_names() if m != "loss"]
-            table = summary_table(results, names, self.task.units)
-            print(f"\n[est.train] held-out results (best EMA weights, step {self.best.get('step')}) vs the mean predictor:\n{table}\n")
+        if self.info.is_main:
+            if results:
+                names = [m for m in self.task.metric_names() if m != "loss"]
+                table = summary_table(results, names, self.task.units)
+                print(f"\n[est.train] held-out results (best EMA weights, step {self.best.get('step')}) vs the mean predictor:\n{table}\n",
+                      flush=True)
             tm = self.timing if getattr(self, "timing", None) else None
             if tm and tm["steps"]:
                 print(f"[est.train] {tm['time'] / tm['steps'] * 1000:.1f} ms/step, {tm['samples'] / max(tm['time'], 1e-9):.1f} samples/s, "
                       f"data wait {100 * tm['wait'] / max(tm['time'], 1e-9):.1f}% of the time")
             with open(os.path.join(self.run_dir, "final_metrics.json"), "w") as f:
                 json.dump({"best": self.best, "results": results, "timing": getattr(self, "timing", None)}, f, indent=2)
-            if t.plots:
+            if t.plots and results:
                 try:
                     plot_learning_curve(os.path.join(self.run_dir, "metrics.csv"), os.path.join(self.run_dir, "learning_curve.png"),
                                         self.monitor, units=self.task.units.get(self.monitor, ""))
