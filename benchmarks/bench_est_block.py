@@ -30,16 +30,17 @@ def configs(L: int):
     common = dict(ffn_grid=eqv2_grid, ffn_hidden_channels=128)
     yield "EquiformerV2 FFN (baseline)", preset_config("default", lmax=L, channels=128, num_spherical_experts=0, **common)
     yield "EST paper preset", preset_config("paper", lmax=L, channels=128, **common)
+    yield "default: designs (ST t=3L, FFN t=max(3L,18))", preset_config("default", lmax=L, channels=128, ffn_hidden_channels=128)
     for name, grid in [
         ("design S=(2L+1)(2L+2)", GridConfig(kind="design", num_points=(2 * L + 1) * (2 * L + 2))),
-        ("design t=3L (default)", GridConfig(kind="design", degree=3 * L)),
+        ("design t=3L (ST only)", GridConfig(kind="design", degree=3 * L)),
         ("design t=4L", GridConfig(kind="design", degree=4 * L)),
         ("gauss-legendre 2(L+1) lat.", GridConfig(kind="gauss-legendre", resolution=(2 * L + 2, 4 * L + 3))),
     ]:
         yield name, preset_config("default", lmax=L, channels=128, grid=grid, **common)
-    yield "design t=3L, 4 heads", preset_config("default", lmax=L, channels=128, num_heads=4, **common)
-    yield "design t=3L, bias encoding", preset_config("default", lmax=L, channels=128, encoding="bias", **common)
-    yield "design t=3L, no encoding", preset_config("default", lmax=L, channels=128, encoding="none", **common)
+    yield "design t=3L (ST), 4 heads", preset_config("default", lmax=L, channels=128, num_heads=4, **common)
+    yield "design t=3L (ST), bias encoding", preset_config("default", lmax=L, channels=128, encoding="bias", **common)
+    yield "design t=3L (ST), no encoding", preset_config("default", lmax=L, channels=128, encoding="none", **common)
     yield "spherical only (0+1)", preset_config("default", lmax=L, channels=128, num_steerable_experts=0, **common)
 
 

@@ -51,12 +51,10 @@ def attention_config(cfg: ModelConfig, *, output_channels: int | None = None) ->
 
 def update_block_config(cfg: ModelConfig):
     """The :class:`~est.nn.ESTBlockConfig` of one update block."""
-    overrides = dict(
-        ffn_hidden_channels=cfg.ffn_hidden_channels,
-        ffn_norm=cfg.norm,
-        ffn_grid=GridConfig(kind="equiangular", resolution=cfg.grid_resolution),
-        drop_path=cfg.drop_path,
-    )
+    overrides = dict(ffn_hidden_channels=cfg.ffn_hidden_channels, ffn_norm=cfg.norm, drop_path=cfg.drop_path)
+    if cfg.update == "ffn" or cfg.est_preset == "paper":
+        # EquiformerV2's FFN (and the released EST module) sample the e3nn grid
+        overrides["ffn_grid"] = GridConfig(kind="equiangular", resolution=cfg.grid_resolution)
     for key in ("num_heads", "encoding", "grid_rotation", "mlp_ratio", "num_steerable_experts", "num_spherical_experts"):
         value = getattr(cfg, f"est_{key}")
         if value is not None:

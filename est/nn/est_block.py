@@ -73,9 +73,14 @@ def _paper(lmax: int) -> dict:
 
 
 def _default(lmax: int) -> dict:
-    # our default: a spherical design of degree 3L (exact round trip and exact
-    # quadratic terms of the nonlinearity); chosen in benchmarks/bench_est_block.py
-    return dict(grid=GridConfig(kind="design", degree=3 * lmax, normalization="quadrature"))
+    # our default: spherical designs for both the spherical Transformer (t = 3L:
+    # exact round trip, exact quadratic terms of the nonlinearity; at L=6 the
+    # paper's S=182) and the steerable experts. Chosen in benchmarks/bench_est_block.py.
+    # the steerable experts never sample coarser than EquiformerV2's 18x18
+    # grid (degree 17 in latitude): t = max(3L, 18), i.e. 182 points from L <= 6
+    grid = GridConfig(kind="design", degree=3 * lmax, normalization="quadrature")
+    ffn_grid = GridConfig(kind="design", degree=max(3 * lmax, 18), normalization="quadrature")
+    return dict(grid=grid, ffn_grid=ffn_grid)
 
 
 PRESETS = {"paper": _paper, "default": _default}
