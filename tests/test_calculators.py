@@ -1,0 +1,266 @@
+"""est.calculators.ESTCalculator: units, derivatives, ASE optimisers / MD, batches, errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("ase")
+from ase import Atoms, units  # noqa: E402
+from ase.build import add_adsorbate, bulk, fcc111, molecule  # noqa: E402
+from ase.calculators.calculator import PropertyNotImplementedError  # noqa: E402
+from ase.constraints import FixAtoms  # noqa: E402
+
+from est.calculators import ESTCalculator, UnsupportedStructureError  # noqa: E402
+from est.models import build_model  # noqa: E402
+
+MICRO = dict(num_layers=1, lmax=2, mmax=2, channels=16, attn_hidden_channels=16, attn_alpha_channels=8,
+             attn_value_channels=8, ffn_hidden_channels=32, edge_channels=16, num_radial=16, grid_resolution=(8, 7),
+             cutoff=4.0, max_neighbors=None, use_pbc=True)
+MEAN, STD = -1.5, 2.5
+
+
+def _model(forces="gradient", **kw):
+    torch.manual_seed(0)
+    m = build_model("est-tiny", regress_forces=forces, **{**MICRO, **kw})
+    with torch.no_grad():  # make the untrained energy surface less flat
+        for p in m.parameters():
+            p.mul_(3.0) if p.dim() > 1 else None
+    return m.eval()
+
+
+@pytest.fixture(scope="module")
+def grad_model():
+    return _model("gradient")
+
+
+@pytest.fixture(scope="module")
+def direct_model():
+    return _model("direct")
+
+
+def _slab(seed=1):
+    s = fcc111("Cu", (2, 2, 2), vacuum=4.0)
+    add_adsorbate(s, "O", 1.6, "fcc")
+    s.set_constraint(FixAtoms(indices=[a.index for a in s if a.tag == 2]))
+    s.rattle(0.05, seed=seed)
+    return s
+
+
+def _mol(name):
+    # a generic orientation: edges exactly along the +-y pole give autograd forces ~0.1% off -dE/dx
+    # in this checkout (a Wigner-D gradient at the pole, not the calculator)
+    m = molecule(name)
+    m.rotate(17, "x")
+    m.rotate(33, "z")
+    return m
+
+
+def _bulk():
+    b = bulk("Cu", "fcc", a=3.6, cubic=True)
+    b.rotate(17, "x", rotate_cell=True)  # no lattice vector along the +-y pole (see _mol)
+    b.rotate(33, "z", rotate_cell=True)
+    b.rattle(0.03, seed=3)
+    return b
+
+
+def _fd_energy(atoms, calc, i, k, h=1e-4):
+    a = atoms.copy()
+    a.calc = calc
+    a.positions[i, k] += h
+    ep = a.get_potential_energy()
+    a.positions[i, k] -= 2 * h
+    em = a.get_potential_energy()
+    return -(ep - em) / (2 * h)
+
+
+def test_forces_are_minus_energy_gradient(grad_model):
+    calc = ESTCalculator(model=grad_model, energy_mean=MEAN, energy_std=STD, dtype=torch.float64)
+    for atoms in (_slab(), _mol("H2O")):
+        atoms.calc = calc
+        f = atoms.get_forces(apply_constraint=False)
+        assert np.abs(f).max() > 1e-5
+        for i, k in ((0, 0), (len(atoms) - 1, 2), (1, 1)):
+            assert f[i, k] == pytest.approx(_fd_energy(atoms, calc, i, k), abs=1e-6 + 1e-5 * np.abs(f).max())
+
+
+def test_stress_is_finite_strain_derivative(grad_model):
+    calc = ESTCalculator(model=grad_model, energy_mean=MEAN, energy_std=STD, dtype=torch.float64)
+    atoms = _bulk()
+    atoms.calc = calc
+    s = atoms.get_stress()  # Voigt xx yy zz yz xz xy, ASE sign
+    assert s.shape == (6,) and np.abs(s).max() > 1e-6
+    h, V = 1e-5, atoms.get_volume()
+    for voigt, (i, j) in ((0, (0, 0)), (2, (2, 2)), (5, (0, 1))):
+        es = []
+        for sign in (1, -1):
+            eps = np.zeros((3, 3))
+            eps[i, j] += sign * h / (1 if i == j else 2)
+            eps[j, i] += 0 if i == j else sign * h / 2
+            a = atoms.copy()
+            a.set_cell(atoms.cell.array @ (np.eye(3) + eps), scale_atoms=True)
+            a.calc = calc
+            es.append(a.get_potential_energy())
+        fd = (es[0] - es[1]) / (2 * h) / V
+        assert s[voigt] == pytest.approx(fd, abs=1e-8 + 1e-5 * np.abs(s).max())
+
+
+def test_units_restored_from_normalizers(grad_model, direct_model):
+    from torch_geometric.data import Batch
+
+    from est.data import atoms_to_sample
+
+    atoms = _slab()
+    for model in (grad_model, direct_model):
+        out = model(Batch.from_data_list([atoms_to_sample(atoms)]))
+        calc = ESTCalculator(model=model, normalizers={"energy_mean": torch.tensor(MEAN, dtype=torch.float64),
+                                                       "energy_std": torch.tensor(STD, dtype=torch.float64)})
+        atoms.calc = calc
+        assert atoms.get_potential_energy() == pytest.approx(STD * float(out["energy"]) + MEAN, rel=1e-5, abs=1e-5)
+        assert atoms.get_potential_energy(force_consistent=True) == atoms.get_potential_energy()
+        np.testing.assert_allclose(atoms.get_forces(apply_constraint=False), STD * out["forces"].detach().numpy(),
+                                   rtol=1e-4, atol=1e-5)
+        # mean does not move forces; std scales them
+        other = ESTCalculator(model=model, energy_mean=MEAN + 10.0, energy_std=2 * STD)
+        a2 = atoms.copy()
+        a2.calc = other
+        np.testing.assert_allclose(a2.get_forces(apply_constraint=False), 2 * atoms.get_forces(apply_constraint=False),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_from_checkpoint_restores_model_normalizers_and_elements(tmp_path, grad_model):
+    from est.train.checkpoint import save_checkpoint
+
+    cfg = {"model": {"name": "est-tiny", "regress_forces": "gradient", **{k: (list(v) if isinstance(v, tuple) else v)
+                                                                          for k, v in MICRO.items()}},
+           "data": {"task": "s2ef"}}
+    state = grad_model.state_dict()
+    raw = {k: torch.zeros_like(v) if v.is_floating_point() else v for k, v in state.items()}
+    path = str(tmp_path / "best.pt")
+    save_checkpoint({"model": raw, "ema": {"module": state, "num_updates": 1, "decay": 0.9},
+                     "normalizers": {"energy_mean": torch.tensor(MEAN, dtype=torch.float64),
+                                     "energy_std": torch.tensor(STD, dtype=torch.float64)},
+                     "config": cfg, "step": 7, "elements": [8, 29]}, path)
+    calc = ESTCalculator.from_checkpoint(path)
+    ref = ESTCalculator(model=grad_model, energy_mean=MEAN, energy_std=STD)
+    atoms = _slab()
+    r1 = calc.predict_batch([atoms])[0]
+    r2 = ref.predict_batch([atoms])[0]
+    assert r1["energy"] == pytest.approx(r2["energy"], abs=1e-5)
+    np.testing.assert_allclose(r1["forces"], r2["forces"], atol=1e-5)
+    assert calc.info.step == 7 and calc.elements == [8, 29]
+    assert "stress" in calc.implemented_properties
+    raw_calc = ESTCalculator.from_checkpoint(path, use_ema=False)  # raw (zeroed) weights differ
+    assert raw_calc.predict_batch([atoms])[0]["energy"] != pytest.approx(r1["energy"], abs=1e-6)
+    bad = atoms.copy()
+    bad[0].symbol = "Au"
+    with pytest.raises(UnsupportedStructureError, match=r"never saw Au .*trained on O Cu"):
+        calc.get_potential_energy(bad)
+
+
+def test_bfgs_fire_relaxations_lower_the_energy(grad_model):
+    from ase.optimize import BFGS, FIRE
+
+    calc = ESTCalculator(model=grad_model, energy_mean=MEAN, energy_std=STD)
+    for opt_cls in (BFGS, FIRE):
+        atoms = _slab(seed=5)
+        atoms.calc = calc
+        e0 = atoms.get_potential_energy()
+        fixed0 = atoms.positions[atoms.constraints[0].get_indices()].copy()
+        opt = opt_cls(atoms, logfile=None, maxstep=0.05)  # small steps: an untrained model's surface is rough
+        energies = []
+        opt.attach(lambda: energies.append(atoms.get_potential_energy()))
+        opt.run(fmax=0.01, steps=6)
+        assert len(energies) == 7 and energies[-1] < e0
+        np.testing.assert_array_equal(atoms.positions[atoms.constraints[0].get_indices()], fixed0)
+
+
+def test_md_velocity_verlet_and_langevin(grad_model, direct_model):
+    from ase.md.langevin import Langevin
+    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
+    from ase.md.verlet import VelocityVerlet
+
+    calc = ESTCalculator(model=grad_model, energy_mean=MEAN, energy_std=STD, dtype=torch.float64)
+    atoms = _slab(seed=2)
+    atoms.calc = calc
+    MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.RandomState(0))  # noqa
+    etot = []
+    md = VelocityVerlet(atoms, timestep=0.5 * units.fs)
+    md.attach(lambda: etot.append(atoms.get_total_energy()), interval=1)
+    md.run(4)
+    assert len(etot) == 5 and np.ptp(etot) < 5e-3 * len(atoms)  # energy-conserving forces
+    atoms.calc = ESTCalculator(model=direct_model, energy_mean=MEAN, energy_std=STD)
+    Langevin(atoms, 1.0 * units.fs, temperature_K=300, friction=0.02, rng=np.random.RandomState(0)).run(3)
+    assert np.isfinite(atoms.positions).all()
+
+
+def test_predict_batch_equals_single_calls(grad_model):
+    calc = ESTCalculator(model=grad_model, energy_mean=MEAN, energy_std=STD)
+    structures = [_slab(1), _mol("CH4"), _bulk(), _slab(4), _mol("H2O")]
+    single = []
+    for a in structures:
+        a = a.copy()
+        a.calc = calc
+        single.append((a.get_potential_energy(), a.get_forces(apply_constraint=False)))
+    batched = calc.predict_batch(structures, batch_size=2)
+    assert len(batched) == len(structures)
+    for (e, f), r in zip(single, batched):
+        assert r["energy"] == pytest.approx(e, abs=2e-4) and r["free_energy"] == r["energy"]
+        np.testing.assert_allclose(r["forces"], f, atol=2e-4)
+    with_stress = calc.predict_batch([_bulk(), _slab()], properties=("energy", "forces", "stress"))
+    a = _bulk()
+    a.calc = calc
+    np.testing.assert_allclose(with_stress[0]["stress"], a.get_stress(), atol=1e-5)
+
+
+def test_float64_matches_float32(grad_model):
+    atoms = _slab()
+    r32 = ESTCalculator(model=grad_model, energy_mean=MEAN, energy_std=STD).predict_batch([atoms])[0]
+    r64 = ESTCalculator(model=grad_model, energy_mean=MEAN, energy_std=STD,
+                        dtype=torch.float64).predict_batch([atoms])[0]
+    assert next(grad_model.parameters()).dtype == torch.float32  # the caller's module is not converted
+    assert r64["energy"] == pytest.approx(r32["energy"], abs=1e-4)
+    np.testing.assert_allclose(r64["forces"], r32["forces"], atol=1e-4)
+
+
+def test_energy_only_model_gets_autograd_forces_and_stress():
+    model = _model(None)
+    calc = ESTCalculator(model=model, energy_mean=MEAN, energy_std=STD, dtype=torch.float64)
+    atoms = _bulk()
+    atoms.calc = calc
+    f = atoms.get_forces()
+    assert f[1, 0] == pytest.approx(_fd_energy(atoms, calc, 1, 0), abs=1e-6 + 1e-5 * np.abs(f).max())
+    assert atoms.get_stress().shape == (6,)
+
+
+def test_errors(grad_model, direct_model):
+    calc = ESTCalculator(model=grad_model)
+    with pytest.raises(UnsupportedStructureError, match="empty Atoms"):
+        calc.get_potential_energy(Atoms())
+    a = molecule("H2O")
+    a.positions[1, 0] = np.nan
+    with pytest.raises(UnsupportedStructureError, match="non-finite position"):
+        calc.get_potential_energy(a)
+    a = molecule("H2O")
+    a.positions[1] = a.positions[0] + [0.1, 0, 0]
+    with pytest.raises(UnsupportedStructureError, match="0.100 A apart"):
+        calc.get_potential_energy(a)
+    with pytest.raises(UnsupportedStructureError, match=r"never saw Og \(Z=118\).*embeds Z=1..89"):
+        calc.get_potential_energy(Atoms("Og", positions=[[0, 0, 0]]))
+    with pytest.raises(UnsupportedStructureError, match="never saw Au"):
+        ESTCalculator(model=grad_model, elements=[1, 6, 8]).get_potential_energy(Atoms("AuH", positions=[[0, 0, 0], [0, 0, 1.6]]))
+    with pytest.raises(PropertyNotImplementedError, match="periodic"):
+        calc.get_stress(molecule("H2O"))
+    dcalc = ESTCalculator(model=direct_model)
+    assert "stress" not in dcalc.implemented_properties
+    with pytest.raises(PropertyNotImplementedError):
+        dcalc.get_stress(_bulk())
+    nopbc = ESTCalculator(model=_model("gradient", use_pbc=False))
+    with pytest.raises(UnsupportedStructureError, match="use_pbc=False"):
+        nopbc.get_potential_energy(_bulk())
+    b = _bulk()
+    b.cell[2] = 0.0
+    with pytest.raises(UnsupportedStructureError, match="degenerate"):
+        calc.get_potential_energy(b)
+    with pytest.raises(ValueError, match="exactly one"):
+        ESTCalculator()
