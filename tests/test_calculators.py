@@ -158,6 +158,21 @@ def test_from_checkpoint_restores_model_normalizers_and_elements(tmp_path, grad_
         calc.get_potential_energy(bad)
 
 
+def test_training_elements_from_the_emt_manifest(tmp_path):
+    import json
+
+    from est.calculators.ase import _training_elements
+
+    (tmp_path / "s2ef" / "train").mkdir(parents=True)
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": "est OC20-layout EMT dataset",
+                                                        "config": {"metals": ["Cu", "Pt"], "adsorbates": ["OH", "CO"]}}))
+    cfg = {"data": {"task": "s2ef", "train_path": str(tmp_path / "s2ef" / "train")}}
+    assert _training_elements({}, cfg, "s2ef") == [1, 6, 8, 29, 78]
+    assert _training_elements({"elements": [8, 1]}, cfg, "s2ef") == [1, 8]
+    assert _training_elements({}, {"data": {"task": "qm9"}}, "qm9") == [1, 6, 7, 8, 9]
+    assert _training_elements({}, {"data": {"task": "s2ef", "train_path": "/nonexistent/s2ef/train"}}, "s2ef") is None
+
+
 def test_bfgs_fire_relaxations_lower_the_energy(grad_model):
     from ase.optimize import BFGS, FIRE
 
@@ -264,3 +279,40 @@ def test_errors(grad_model, direct_model):
         calc.get_potential_energy(b)
     with pytest.raises(ValueError, match="exactly one"):
         ESTCalculator()
+
+
+def test_qm9_checkpoint_total_energy_and_autograd_forces(tmp_path):
+    from est.data.qm9_formats import B3LYP_ATOM_ENERGIES, HAR2EV
+    from est.train.checkpoint import save_checkpoint
+
+    kw = {k: (list(v) if isinstance(v, tuple) else v) for k, v in MICRO.items()}
+    kw.update(use_pbc=False, num_targets=1, regress_energy=False, regress_forces=None)
+    model = _model(None, use_pbc=False, num_targets=1, regress_energy=False)
+    path = str(tmp_path / "qm9.pt")
+    norm = {"mean": torch.tensor([-70.0], dtype=torch.float64), "std": torch.tensor([10.0], dtype=torch.float64),
+            "ref": torch.zeros(1, 100, dtype=torch.float64), "cols": torch.tensor([12])}
+    save_checkpoint({"model": model.state_dict(), "ema": None, "normalizers": norm, "step": 1,
+                     "config": {"model": {"name": "est-tiny", **kw}, "data": {"task": "qm9", "targets": [7], "atomref": "b3lyp"}}},
+                    path)
+    calc = ESTCalculator.from_checkpoint(path, dtype=torch.float64)
+    assert calc.elements == [1, 6, 7, 8, 9] and "stress" in calc.implemented_properties
+    mol = _mol("CH3OH")
+    p = float(model.double()(_double_batch(mol))["properties"][0, 0])
+    ref = sum(B3LYP_ATOM_ENERGIES[int(z)][0] * HAR2EV for z in mol.numbers)
+    mol.calc = calc
+    assert mol.get_potential_energy() == pytest.approx(10.0 * p - 70.0 + ref, abs=1e-6)
+    f = mol.get_forces()
+    assert f[0, 1] == pytest.approx(_fd_energy(mol, calc, 0, 1), abs=1e-5 + 1e-5 * np.abs(f).max())
+    with pytest.raises(UnsupportedStructureError, match="never saw Cl"):
+        calc.get_potential_energy(_mol("CH3Cl"))
+
+
+def _double_batch(atoms):
+    from torch_geometric.data import Batch
+
+    from est.data import atoms_to_sample
+
+    b = Batch.from_data_list([atoms_to_sample(atoms)])
+    b.pos = torch.as_tensor(atoms.positions, dtype=torch.float64)
+    b.cell = b.cell.double()
+    return b

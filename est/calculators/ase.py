@@ -88,18 +88,25 @@ def _training_elements(ck: Mapping[str, Any], cfg: Mapping[str, Any], task: str)
                 return sorted(int(z) for z in where[key])
     if task == "qm9":
         return list(_QM9_ELEMENTS)
+    # an EMT OC20-layout set (est.data.generate) names its metals in OUT/manifest.json, OUT/s2ef/train being the data
     data = cfg.get("data") or {}
-    folder = data.get("generate_dir") if isinstance(data, Mapping) else None
-    if folder and os.path.isfile(os.path.join(str(folder), "manifest.json")):
-        try:
-            from ase.data import atomic_numbers
+    train = data.get("train_path") if isinstance(data, Mapping) else None
+    if train:
+        manifest = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(str(train)))), "manifest.json")
+        if os.path.isfile(manifest):
+            try:
+                from ase.data import atomic_numbers
 
-            with open(os.path.join(str(folder), "manifest.json")) as fh:
-                man = json.load(fh)
-            syms = set(man["config"]["metals"]) | {"H", "C", "N", "O"}
-            return sorted(atomic_numbers[s] for s in syms)
-        except Exception:  # a manifest we do not understand: fall back to the embedding range
-            return None
+                with open(manifest) as fh:
+                    man = json.load(fh)
+                if "EMT" not in str(man.get("format", "")):
+                    return None
+                syms = set(man["config"]["metals"])
+                for ads in man["config"]["adsorbates"]:
+                    syms |= {s for s in ("H", "C", "N", "O") if s in ads}
+                return sorted(atomic_numbers[s] for s in syms)
+            except Exception:  # a manifest we do not understand: fall back to the embedding range
+                return None
     return None
 
 
