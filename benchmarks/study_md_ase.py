@@ -18,7 +18,11 @@ Steps (all on CPU, about 5-8 minutes on 2 cores with the defaults):
    structures with each model and with EMT: energy difference of the final
    energies (model's own vs EMT's, both referenced as the training data),
    EMT energy at the model's minimum minus EMT's minimum, RMSD of the free
-   atoms' relaxed positions (minimum image), optimiser steps.
+   atoms' relaxed positions (minimum image), optimiser steps;
+   (c) why a gradient-force model can still drift: the energy along a straight
+   path of the adsorbate, the largest energy step where the radius graph changes
+   (a neighbour crossing the cutoff) against the median step, and the mismatch
+   of the line integral of the forces.
 
     python benchmarks/study_md_ase.py [--steps 150 --md-steps 200 --systems 3]
 
@@ -147,6 +151,35 @@ def relax(atoms, calc, fmax: float, steps: int):
                "energy": float(a.get_potential_energy())}
 
 
+def cutoff_continuity(atoms, calc, cutoff: float, n: int = 120):
+    """Move the last (adsorbate) atom along a straight 1.5 A path: the largest energy step at a change of the
+    radius graph vs the median step, and the line-integral mismatch |dE + integral F.dx| (0 for a smooth
+    conservative model). Positions along the path move by 1.5/n A per step."""
+    from est.data.graph import radius_graph
+
+    a = atoms.copy()
+    a.set_constraint()
+    i = len(a) - 1
+    d = np.array([0.7, 0.5, 1.2])
+    energies, work, fprev, edges = [], 0.0, None, []
+    for k in range(n + 1):
+        b = a.copy()
+        b.positions[i] += d * k / n
+        r = calc.predict_batch([b])[0]
+        energies.append(r["energy"])
+        f = r["forces"][i]
+        if fprev is not None:
+            work += 0.5 * float((f + fprev) @ (d / n))
+        fprev = f
+        g = radius_graph(torch.as_tensor(b.positions), cutoff, cell=torch.as_tensor(b.cell.array).view(1, 3, 3),
+                         pbc=torch.as_tensor(b.pbc).view(1, 3))
+        edges.append(int(g.edge_index.shape[1]))
+    steps = np.abs(np.diff(energies))
+    change = np.diff(edges) != 0
+    return {"graph_changes": int(change.sum()), "max_step_at_graph_change_eV": float(steps[change].max()) if change.any() else 0.0,
+            "median_step_eV": float(np.median(steps)), "line_integral_mismatch_eV": abs(energies[-1] - energies[0] + work)}
+
+
 def rmsd_free(a, b) -> float:
     from ase.geometry import find_mic
 
@@ -171,6 +204,7 @@ def main(argv=None) -> int:
     p.add_argument("--fmax", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", default=None)
+    p.add_argument("--reuse", action="store_true", help="reuse trained runs in --workdir (train_s: the trainer's time in its steps)")
     p.add_argument("--name", default="md_ase")
     args = p.parse_args(argv)
     threads = setup_threads()
@@ -189,7 +223,13 @@ def main(argv=None) -> int:
 
     models, train_rows = {}, []
     for forces in ("gradient", "direct"):
-        ck, secs = train(data, os.path.join(work, f"run_{forces}"), forces, args.steps, args.batch, args.seed, args.lr)
+        run_dir = os.path.join(work, f"run_{forces}")
+        if args.reuse and os.path.isfile(os.path.join(run_dir, "final_metrics.json")):
+            ck = os.path.join(run_dir, "best.pt")
+            with open(os.path.join(run_dir, "final_metrics.json")) as fh:  # the trainer's own step time
+                secs = float((json.load(fh).get("timing") or {}).get("time", float("nan")))
+        else:
+            ck, secs = train(data, run_dir, forces, args.steps, args.batch, args.seed, args.lr)
         calc = ESTCalculator.from_checkpoint(ck, dtype=torch.float64 if args.float64 else torch.float32)
         with open(os.path.join(work, f"run_{forces}", "final_metrics.json")) as fh:
             fm = json.load(fh)["results"]["val"]
@@ -223,6 +263,12 @@ def main(argv=None) -> int:
                                "EMT_at_min_minus_EMT_min_eV": e_emt_at_min - ref_e, "rmsd_free_A": rmsd_free(a, ref_atoms)})
             print(f"[study] BFGS {label} {s['formula']}: {relax_rows[-1]}", flush=True)
 
+    cont_rows = []
+    for label in ("gradient", "direct"):
+        r = cutoff_continuity(systems[0]["relaxed"], models[label], cutoff=5.0, n=60 if args.md_steps < 50 else 120)
+        cont_rows.append({"forces": f"EST {label}", **r})
+        print(f"[study] cutoff continuity {label}: {r}", flush=True)
+
     def summary(rows, key, labels):
         out = []
         for lab in labels:
@@ -240,7 +286,9 @@ def main(argv=None) -> int:
                              "EMT_at_min_minus_EMT_min_eV", "rmsd_free_A"], f"BFGS relaxation (fmax {args.fmax} eV/A)")
     rl_sum = summary(relax_rows, ["dE_vs_EMT_eV", "EMT_at_min_minus_EMT_min_eV", "rmsd_free_A", "steps"], labels)
     print_table(rl_sum, list(rl_sum[0]), "Relaxation summary (mean over systems)")
+    print_table(cont_rows, list(cont_rows[0]), "Energy along a 1.5 A path of the adsorbate (cutoff 5 A)")
     path = save(args.name, {"args": vars(args), "data_seconds": t_data, "train": train_rows, "nve": md_rows,
+                            "cutoff_continuity": cont_rows,
                             "nve_summary": md_sum, "relax": relax_rows, "relax_summary": rl_sum,
                             "total_seconds": time.time() - t_start})
     print(f"[study] wrote {path} in {time.time() - t_start:.0f} s", flush=True)
