@@ -23,6 +23,7 @@ setup(
     extras_require={
         # all 130,831 QM9 molecules as CSV, read offline from the installed wheel
         "qm9": ["qm9pack"],
-        "dev": ["pytest>=7", "scipy", "matplotlib"],
+        # tests, design generation (scipy), plots, and executing the notebooks in tests
+        "dev": ["pytest>=7", "scipy", "matplotlib", "nbformat", "nbclient", "ipykernel"],
     },
 )
