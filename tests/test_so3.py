@@ -162,3 +162,13 @@ def test_m_major_layout_roundtrip_and_truncation():
     assert torch.equal(torch.sort(full).values, torch.arange(49))
     with pytest.raises(ValueError, match="mmax"):
         m_major_index(3, 4)
+
+
+def test_wigner_gradients_exact_for_edges_along_the_pole():
+    """Edges exactly along +-y (common in crystals): D's gradient must still be exact."""
+    from est.data.graph import edge_rotation
+
+    edges = torch.tensor([[0.0, 1.3, 0.0], [0.0, -0.7, 0.0], [1e-9, 0.9, 0.0], [0.3, 0.2, 1.0]],
+                         dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(16, 16, dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda e: (wigner_D(3, edge_rotation(e)) * weights).sum(), (edges,))

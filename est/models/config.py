@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 
 __all__ = ["ModelConfig", "UPDATES", "FORCE_MODES"]
@@ -93,6 +94,14 @@ class ModelConfig:
         if self.avg_num_nodes <= 0 or self.avg_degree <= 0:
             raise ValueError("ModelConfig: avg_num_nodes and avg_degree must be > 0 (dataset statistics)")
         self.grid_resolution = tuple(self.grid_resolution)
+        if self.regress_forces == "gradient" and (self.envelope is None or self.max_neighbors is not None):
+            warnings.warn(
+                "regress_forces='gradient' with "
+                + ("envelope=None" if self.envelope is None else f"max_neighbors={self.max_neighbors}")
+                + ": the energy is not continuous where neighbours enter the cutoff or the neighbour list is "
+                "truncated, so forces are not conservative in MD; set envelope='polynomial' and max_neighbors=None",
+                stacklevel=3,
+            )
 
     @classmethod
     def field_names(cls) -> list[str]:

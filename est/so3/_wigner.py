@@ -22,6 +22,7 @@ is one small matmul plus elementwise products over the block entries: no
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import torch
@@ -241,5 +242,19 @@ def wigner_D(lmax: int, R: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"R must be a tensor of rotation matrices [..., 3, 3], got {getattr(R, 'shape', type(R))}")
     if not R.is_floating_point():
         raise ValueError(f"R must be floating point, got {R.dtype}")
-    alpha, beta, gamma = matrix_to_angles(R)
-    return wigner_D_from_angles(lmax, alpha, beta, gamma)
+    # Near the Euler singularity (R e_y close to +-e_y) the angles' gradients
+    # are ill-conditioned and exactly at it alpha's gradient is lost. There we
+    # factor D(R) = D(R Q) D(Q)^T with the quarter turn Q = R_x(pi/2), whose
+    # R Q e_y = R e_z lies on the equator: values and gradients stay exact.
+    w = R[..., :, 1]
+    near = (w[..., 0] ** 2 + w[..., 2] ** 2) < 1e-2  # sin(beta) < 0.1
+    if not bool(near.any()):
+        return wigner_D_from_angles(lmax, *matrix_to_angles(R))
+    Q = rotation_x(torch.tensor(math.pi / 2, dtype=R.dtype, device=R.device))  # [3, 3]
+    R_safe = torch.where(near[..., None, None], R @ Q, R)
+    D = wigner_D_from_angles(lmax, *matrix_to_angles(R_safe))  # [..., K, K]
+    DQt = wigner_D_from_angles(lmax, *matrix_to_angles(Q)).transpose(-1, -2)  # [K, K]
+    flat = D.reshape(-1, *D.shape[-2:])
+    idx = near.reshape(-1).nonzero().squeeze(-1)
+    fixed = flat.index_select(0, idx) @ DQt  # [n_near, K, K]
+    return flat.index_copy(0, idx, fixed).reshape(D.shape)
