@@ -182,3 +182,23 @@ def test_bad_config_keys():
     with pytest.raises(ValueError, match="update"):
         build_model("est-tiny", update="moe")
     assert "equiformer_v2-s2ef-2m" in MODEL_CONFIGS
+
+
+def test_tied_neighbour_shells_keep_rotation_invariance():
+    """A perfect slab has exactly tied shells at the max_neighbors cut; the default keeps them all.
+
+    (With neighbor_tie_mode="strict" this test fails: the Cartesian tie-break depends on orientation.)
+    """
+    from ase.build import fcc111
+
+    atoms = fcc111("Cu", size=(2, 2, 3), vacuum=5.0)
+    d = Data(pos=torch.tensor(atoms.positions), atomic_numbers=torch.tensor(atoms.numbers),
+             natoms=torch.tensor([len(atoms)]), cell=torch.tensor(atoms.cell.array)[None],
+             pbc=torch.tensor([[True, True, True]]))
+    model = tiny("eqv2-tiny", max_neighbors=8, cutoff=6.0)
+    b = batch_of(d)
+    out = model(b)
+    R = random_rotation(1)[0]
+    o = model(rotate(b, R))
+    assert (o["forces"] - out["forces"] @ R.T).abs().max() < 1e-3 * out["forces"].abs().max() + 1e-8
+    assert (o["energy"] - out["energy"]).abs().max() < 1e-6 * out["energy"].abs().max() + 1e-10

@@ -140,6 +140,7 @@ class EquiformerV2Backbone(nn.Module):
             cell=cell if periodic else None,
             pbc=pbc if periodic else None,
             max_neighbors=cfg.max_neighbors,
+            tie_mode=cfg.neighbor_tie_mode,
         )
         return build_edge_frame(
             graph.edge_index,

@@ -48,6 +48,10 @@ class ModelConfig:
     # graph
     cutoff: float = 12.0
     max_neighbors: int | None = 20
+    # "include" keeps every neighbour tied with the max_neighbors-th (within 1e-4 A):
+    # rotation invariant; "strict" keeps exactly max_neighbors, breaking ties by
+    # a Cartesian key, which depends on the orientation (est.data.graph.radius_graph)
+    neighbor_tie_mode: str = "include"
     use_pbc: bool = True
     num_radial: int = 600
     radial_width_factor: float = 2.0
@@ -91,6 +95,8 @@ class ModelConfig:
         for name in ("energy_reduce", "property_reduce"):
             if getattr(self, name) not in ("sum", "mean"):
                 raise ValueError(f"ModelConfig.{name} must be 'sum' or 'mean', got {getattr(self, name)!r}")
+        if self.neighbor_tie_mode not in ("include", "strict"):
+            raise ValueError(f"ModelConfig.neighbor_tie_mode must be 'include' or 'strict', got {self.neighbor_tie_mode!r}")
         if self.avg_num_nodes <= 0 or self.avg_degree <= 0:
             raise ValueError("ModelConfig: avg_num_nodes and avg_degree must be > 0 (dataset statistics)")
         self.grid_resolution = tuple(self.grid_resolution)
