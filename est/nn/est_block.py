@@ -18,7 +18,6 @@ grid is fixed, so eval is deterministic.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -196,7 +195,3 @@ class ESTBlock(nn.Module):
             f"lmax={c.lmax}, channels={c.channels}, experts={c.num_steerable_experts}+{c.num_spherical_experts}, "
             f"grid={c.grid.kind}, heads={c.num_heads}, encoding={c.encoding!r}"
         )
-
-    @staticmethod
-    def config_fields() -> list[str]:
-        return [f.name for f in dataclasses.fields(ESTBlockConfig)]
