@@ -42,10 +42,11 @@ class _DegreeNorm(nn.Module):
     def extra_repr(self) -> str:
         return f"lmax={self.lmax}, channels={self.channels}, eps={self.eps}"
 
-    def _rms_weights(self, first_degree: int, denominator: int, dtype) -> torch.Tensor:
-        l = self.degree.to(dtype)
-        w = 1.0 / ((2 * l + 1) * denominator)
-        return torch.where(self.degree >= first_degree, w, torch.zeros_like(w))  # [K]
+    def _register_rms_weights(self, first_degree: int, denominator: int) -> None:
+        """Buffer ``rms_weights [K]``: ``1/((2l+1) denominator)`` for ``l >= first_degree``, else 0 (built once)."""
+        l = self.degree.to(torch.float64)
+        w = torch.where(self.degree >= first_degree, 1.0 / ((2 * l + 1) * denominator), torch.zeros_like(l))
+        self.register_buffer("rms_weights", w.to(torch.get_default_dtype()), persistent=False)
 
 
 class EquivariantLayerNorm(_DegreeNorm):
@@ -54,6 +55,7 @@ class EquivariantLayerNorm(_DegreeNorm):
     def __init__(self, *, lmax: int, channels: int, eps: float = 1e-5) -> None:
         super().__init__(lmax=lmax, channels=channels, eps=eps)
         self.bias = nn.Parameter(torch.zeros(channels))  # [C] l=0 only
+        self._register_rms_weights(1, max(lmax, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_features(x, self.lmax, self.channels, type(self).__name__)
@@ -63,7 +65,7 @@ class EquivariantLayerNorm(_DegreeNorm):
         x0 = nn.functional.layer_norm(x0, (self.channels,), self.weight[0], self.bias, self.eps)
         if self.lmax == 0:
             return x0.to(dtype)
-        w = self._rms_weights(1, self.lmax, x.dtype)[1:]  # [K-1]
+        w = self.rms_weights[1:].to(x.dtype)  # [K-1]
         xr = x[:, 1:]  # [N, K-1, C]
         var = (xr.pow(2).mean(-1) * w).sum(-1, keepdim=True)  # [N, 1]
         scale = self.weight[self.degree[1:]]  # [K-1, C]
@@ -78,6 +80,7 @@ class EquivariantRMSNorm(_DegreeNorm):
         super().__init__(lmax=lmax, channels=channels, eps=eps)
         self.centering = centering
         self.bias = nn.Parameter(torch.zeros(channels))  # [C] l=0 only
+        self._register_rms_weights(0, lmax + 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_features(x, self.lmax, self.channels, type(self).__name__)
@@ -85,7 +88,7 @@ class EquivariantRMSNorm(_DegreeNorm):
         x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         if self.centering:
             x = torch.cat([x[:, :1] - x[:, :1].mean(-1, keepdim=True), x[:, 1:]], dim=1)
-        w = self._rms_weights(0, self.lmax + 1, x.dtype)  # [K]
+        w = self.rms_weights.to(x.dtype)  # [K]
         var = (x.pow(2).mean(-1) * w).sum(-1, keepdim=True)  # [N, 1]
         out = x * torch.rsqrt(var + self.eps)[..., None] * self.weight[self.degree]  # [N, K, C]
         out = torch.cat([out[:, :1] + self.bias, out[:, 1:]], dim=1)
