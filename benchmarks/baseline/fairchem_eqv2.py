@@ -153,7 +153,7 @@ def fairchem_kwargs(cfg) -> dict:
         model="equiformer_v2_backbone",
         use_pbc=True,  # molecules go into a periodic box (see FairchemModel)
         use_pbc_single=False,
-        regress_forces=True,
+        regress_forces=cfg.regress_forces == "direct",
         otf_graph=True,
         max_neighbors=int(cfg.max_neighbors),
         max_radius=float(cfg.cutoff),
@@ -194,17 +194,73 @@ def fairchem_kwargs(cfg) -> dict:
 
 
 def build_fairchem(cfg) -> nn.Module:
-    """fairchem's ``HydraModel`` (EquiformerV2 backbone + energy + force heads) at ``cfg``'s shape."""
+    """fairchem's ``HydraModel`` (EquiformerV2 backbone + heads) at ``cfg``'s shape.
+
+    Heads follow the config: fairchem's energy head when ``regress_energy``,
+    its direct force head when ``regress_forces == "direct"``, and, when
+    ``num_targets > 0``, a ``[B, T]`` property head built from the same
+    fairchem ``FeedForwardNetwork`` as its energy head with ``T`` output
+    channels (:func:`_property_head_class`; fairchem has no multi-target head).
+    """
     HydraModel = _import_fairchem()
     if cfg.update != "ffn":
         raise ValueError(f"fairchem's EquiformerV2 has the FFN update only; got update={cfg.update!r}")
-    heads = {
-        "energy": {"module": "equiformer_v2_energy_head", "reduce": cfg.energy_reduce},
-        "forces": {"module": "equiformer_v2_force_head"},
-    }
+    if cfg.regress_forces not in (None, "direct"):
+        raise ValueError(f"fairchem's EquiformerV2 head predicts direct forces only; got regress_forces={cfg.regress_forces!r}")
+    heads = {}
+    if cfg.regress_energy:
+        heads["energy"] = {"module": "equiformer_v2_energy_head", "reduce": cfg.energy_reduce}
+    if cfg.regress_forces == "direct":
+        heads["forces"] = {"module": "equiformer_v2_force_head"}
+    if cfg.num_targets:
+        _property_head_class()
+        heads["properties"] = {"module": "est_bench_property_head", "num_outputs": int(cfg.num_targets),
+                               "reduce": cfg.property_reduce}
+    if not heads:
+        raise ValueError("config asks for no output (regress_energy False, no forces, num_targets 0)")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return HydraModel(backbone=fairchem_kwargs(cfg), heads=heads, otf_graph=True)
+
+
+_PROPERTY_HEAD = None
+
+
+def _property_head_class():
+    """Register (once) fairchem's energy head generalised to ``T`` outputs: ``properties [B, T]``."""
+    global _PROPERTY_HEAD
+    if _PROPERTY_HEAD is not None:
+        return _PROPERTY_HEAD
+    from functools import partial
+
+    from fairchem.core.common.registry import registry
+    from fairchem.core.models.base import HeadInterface
+    from fairchem.core.models.equiformer_v2.transformer_block import FeedForwardNetwork
+    from fairchem.core.models.equiformer_v2.weight_initialization import eqv2_init_weights
+
+    class PropertyHead(nn.Module, HeadInterface):
+        """Per-atom l = 0 output of a fairchem FFN with ``T`` channels, summed per graph / avg_num_nodes (or mean)."""
+
+        def __init__(self, backbone, num_outputs: int = 1, reduce: str = "sum"):
+            super().__init__()
+            self.reduce, self.num_outputs = reduce, num_outputs
+            self.avg_num_nodes = backbone.avg_num_nodes
+            self.block = FeedForwardNetwork(
+                backbone.sphere_channels, backbone.ffn_hidden_channels, num_outputs, backbone.lmax_list,
+                backbone.mmax_list, backbone.SO3_grid, backbone.ffn_activation, backbone.use_gate_act,
+                backbone.use_grid_mlp, backbone.use_sep_s2_act)
+            self.apply(partial(eqv2_init_weights, weight_init=backbone.weight_init))
+
+        def forward(self, data, emb):
+            per_atom = self.block(emb["node_embedding"]).embedding[:, 0, :]  # [N, T] (l = 0)
+            out = per_atom.new_zeros(len(data.natoms), self.num_outputs).index_add_(0, data.batch, per_atom)  # [B, T]
+            if self.reduce == "sum":
+                return {"properties": out / self.avg_num_nodes}
+            return {"properties": out / data.natoms.view(-1, 1).to(out.dtype)}
+
+    registry.register_model("est_bench_property_head")(PropertyHead)
+    _PROPERTY_HEAD = PropertyHead
+    return PropertyHead
 
 
 def boxed(batch, cutoff: float, margin: float = 2.0):
@@ -275,7 +331,25 @@ class FairchemModel(nn.Module):
                 out = self.model(data)
             finally:
                 bb.otf_graph, self.model.otf_graph = True, True
-        return {"energy": out["energy"]["energy"].view(-1), "forces": out["forces"]["forces"].view(-1, 3)}
+        result = {}
+        if "energy" in out:
+            result["energy"] = out["energy"]["energy"].view(-1)  # [B]
+        if "forces" in out:
+            result["forces"] = out["forces"]["forces"].view(-1, 3)  # [N, 3]
+        if "properties" in out:
+            result["properties"] = out["properties"]["properties"]  # [B, T]
+        return result
+
+
+def trainable(*, name: str, **overrides) -> FairchemModel:
+    """``model._target_`` factory for est's trainer: fairchem's EquiformerV2 at ``comparable_config(name, **overrides)``.
+
+    ``python train.py ... model._target_=fairchem_eqv2.trainable model.name=eqv2-tiny``
+    (with ``benchmarks/baseline`` on ``sys.path``, in the baseline venv).
+    """
+    if not available():
+        raise RuntimeError(unavailable_reason())
+    return FairchemModel(comparable_config(name, **overrides))
 
 
 def fairchem_callable(model: FairchemModel):
@@ -300,7 +374,7 @@ def fairchem_callable(model: FairchemModel):
                     cell=cell.reshape(1, 3, 3), pbc=pbc.reshape(1, 3),
                     fixed=torch.zeros(n, dtype=torch.long), tags=torch.zeros(n, dtype=torch.long))
         out = model(Batch.from_data_list([data]))
-        return {"energy": out["energy"][0], "forces": out["forces"]}
+        return {k: v[0] if k in ("energy", "properties") else v for k, v in out.items()}  # one graph
 
     fn.__name__ = "fairchem_EquiformerV2"
     return fn

@@ -34,6 +34,8 @@ echo "[setup_fairchem] 3/4 fairchem's pure-Python needs"
 # torch is already there; keeping it in the same resolve pins it.
 "${PIP[@]}" "torch==2.13.0" ase e3nn hydra-core lmdb numba "numpy<2" orjson pydantic pyyaml \
     requests submitit "torch-geometric" torchtnt tqdm huggingface-hub
+# the real QM9 molecules for the accuracy study (est's [qm9] extra)
+"${PIP[@]}" --no-deps qm9pack
 
 echo "[setup_fairchem] 4/4 est (editable, --no-deps)"
 "${PIP[@]}" --no-deps -e "$ROOT"

@@ -1,0 +1,251 @@
+#!/usr/bin/env python
+r"""Accuracy at equal budget: fairchem's EquiformerV2 vs est variants, same data, steps and seeds.
+
+Every model is trained by est's own trainer (``est.train.Trainer``, the loop
+behind ``python train.py``) with the same config, data order and seed; only
+``model`` differs. fairchem-core 1.10.0's EquiformerV2 enters through
+``model._target_=fairchem_eqv2.trainable`` (``benchmarks/baseline``), at the
+identical shape (``fairchem_eqv2.comparable_config``: 600 Gaussians, square
+grid, a finite ``max_neighbors``, which the est models get too).
+
+Models (the shape of ``eqv2-tiny``, L = 3, 2 layers, 32 channels; QM9 uses the
+``qm9_quick`` reduction L = 2, m = 1):
+
+* ``fairchem``     fairchem's EquiformerV2 (energy / direct force heads, molecules in a periodic box),
+* ``est-ffn``      est's EquiformerV2 (``update="ffn"``),
+* ``est-default``  est's EST block, our default preset,
+* ``est-paper``    the EST paper's module preset,
+* ``est-spherical`` the spherical-only update (``update="spherical"``),
+* ``est-t4`` / ``est-t8`` / ``est-t12``: ``est-default`` with the spherical
+  Transformer's t-design of degree 4 / 8 / 12 (accuracy vs S on QM9).
+
+Data sets (both offline):
+
+* ``qm9``: real QM9 molecules (qm9pack), ``qm9_quick``'s subset of the
+  standard split (train 2,522 / val 229 / test 249 of 3,000), four targets
+  learned together: gap, U0 (minus atom references), mu, alpha. Test MAE.
+* ``emt``: the EMT OC20-layout S2EF set (``oc20_s2ef_quick``: 800 frames,
+  direct forces, lambda_E 2 / lambda_F 100). Validation energy / force MAE,
+  EFwT (energy within 0.02 eV and every force component within 0.03 eV/A).
+
+Then, per trained model on ``emt``: the equivariance of the trained EMA
+weights (``est.testing.check_model``, float64, eval): largest relative force
+error over random rotations of a held-out slab (jittered so that no neighbour
+shell is tied at the ``max_neighbors`` cut) and of a molecule.
+
+Each (data set, model, seed) is one subprocess with one thread, ``--jobs`` at
+a time; its result goes to ``runs/accuracy/<data>/<model>-s<seed>/result.json``
+and is reused on the next call (delete it, or ``--fresh``, to rerun).
+Wall times of concurrent jobs share the machine: compare them within one table.
+
+    python benchmarks/study_accuracy.py                       # both data sets, 3 seeds, 2 jobs
+    python benchmarks/study_accuracy.py --data emt --models fairchem est-default --seeds 0
+    python benchmarks/study_accuracy.py --quick --no-save     # smoke run (a few steps)
+    python benchmarks/study_accuracy.py --tables-only         # tables from the stored runs
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "baseline"))
+os.environ.setdefault("EST_DATA_DIR", str(REPO / "runs" / "data"))
+
+import fairchem_eqv2 as fe  # noqa: E402
+
+if __name__ == "__main__":
+    fe.reexec_in_baseline_env()
+
+from common import save  # noqa: E402
+
+#: model label -> overrides on top of the data set's experiment (the shape is the same for all)
+MODELS: dict[str, list[str]] = {
+    "fairchem": ["+model._target_=fairchem_eqv2.trainable"],
+    "est-ffn": ["model.update=ffn"],
+    "est-default": ["model.update=est", "model.est_preset=default"],
+    "est-paper": ["model.update=est", "model.est_preset=paper"],
+    "est-spherical": ["model.update=spherical"],
+    # accuracy vs S: the default block with the spherical Transformer on a t-design of degree t
+    # (QM9's L = 2: t = 4 / 6 (default) / 8 / 12 -> S = 12 / 24 / 36 / 86 points)
+    "est-t4": ["model.update=est", "model.est_grid_degree=4"],
+    "est-t8": ["model.update=est", "model.est_grid_degree=8"],
+    "est-t12": ["model.update=est", "model.est_grid_degree=12"],
+}
+#: models defined on some data sets only (the S sweep's degrees are for QM9's L = 2)
+ONLY_ON: dict[str, set[str]] = {"est-t4": {"qm9"}, "est-t8": {"qm9"}, "est-t12": {"qm9"}}
+
+#: data set -> experiment, shape and budget (identical for every model)
+DATASETS: dict[str, dict[str, Any]] = {
+    "qm9": dict(
+        experiment="qm9_quick",
+        overrides=["model=eqv2_tiny", "data.targets=[4,7,0,1]", "model.num_targets=4", "model.lmax=2", "model.mmax=1",
+                   "model.max_neighbors=12", "model.cutoff=5.0", "model.regress_energy=false", "model.regress_forces=null",
+                   "model.use_pbc=false", "model.avg_num_nodes=auto", "model.avg_degree=auto",
+                   "model.num_radial=600", "model.grid_resolution=[10,10]", "trainer.final_splits=[test]"],
+        metrics=["mae_gap", "mae_U0", "mae_mu", "mae_alpha"], split="test",
+    ),
+    "emt": dict(
+        experiment="oc20_s2ef_quick",
+        overrides=["model=eqv2_tiny", "model.regress_forces=direct", "model.use_pbc=true", "model.cutoff=6.0",
+                   "model.max_neighbors=20", "model.avg_num_nodes=auto", "model.avg_degree=auto",
+                   "model.num_radial=600", "model.grid_resolution=[10,10]", "trainer.final_splits=[val]"],
+        metrics=["energy_mae", "forces_mae", "efwt"], split="val",
+    ),
+}
+QUICK = ["trainer.max_steps=4", "trainer.eval_every=4", "data.subset=200"]
+
+
+def run_dir(root: Path, data: str, model: str, seed: int) -> Path:
+    return root / data / f"{model}-s{seed}"
+
+
+# ------------------------------------------------------------------ one run (subprocess)
+def train_one(data: str, model: str, seed: int, root: Path, extra: list[str]) -> dict[str, Any]:
+    import torch
+
+    from est.train import Trainer, load_config
+
+    torch.set_num_threads(1)
+    d = DATASETS[data]
+    rd = run_dir(root, data, model, seed)
+    cli = [f"+experiment={d['experiment']}", *d["overrides"], *MODELS[model], f"seed={seed}", f"run_dir={rd}",
+           "trainer.resume=never", "trainer.progress=false", "trainer.tensorboard=false", *extra]
+    print(f"[accuracy] {data}/{model}/seed {seed}: python train.py {' '.join(cli)}", flush=True)
+    cfg = load_config(cli)
+    trainer = Trainer(cfg)
+    t0 = time.perf_counter()
+    trainer.fit()
+    wall = time.perf_counter() - t0
+    tm = trainer.timing
+    res = trainer.final_results.get(d["split"], {})
+    record: dict[str, Any] = dict(
+        data=data, model=model, seed=seed, overrides=cli, steps=trainer.step, wall_s=wall,
+        ms_per_step=1000 * tm["time"] / max(tm["steps"], 1), params=sum(p.numel() for p in trainer.module.parameters()),
+        split=d["split"], metrics={k: float(v) for k, v in res.items()}, model_config=trainer.model_cfg,
+    )
+    record["equivariance"] = trained_equivariance(trainer, rd, model, data)
+    return record
+
+
+def trained_equivariance(trainer, rd: Path, model: str, data: str) -> dict[str, Any]:
+    """Rotation error of the trained EMA weights (float64, eval): forces on a held-out slab and a
+    molecule (``emt``), the four properties of a test molecule (``qm9``, invariants)."""
+    import torch
+
+    from est.testing import check_model
+    from est.testing.check import load_model_for_check
+    from est.testing.toy_models import example_molecule
+    from study_equivariance_training import untied_slab
+
+    net = load_model_for_check(checkpoint=str(rd / "best.pt"), dtype=torch.float64).eval()
+    subject = fe.fairchem_callable(net) if model == "fairchem" else net
+    if data == "emt":
+        slab, _, _ = untied_slab(trainer.datasets["val"][0], trainer.model_cfg, 0.05)
+        samples, output = (("slab", slab), ("molecule", example_molecule(8))), "forces"
+    else:
+        samples, output = (("molecule", trainer.datasets["test"][0]),), "properties"
+    out = {"output": output}
+    for name, sample in samples:
+        rep = check_model(subject, sample, checks=["rotation"], num_rotations=6, refine_steps=6, name=f"{model}/{name}")
+        rows = [r for r in rep.rows if r.output == output and r.expected]
+        out[name] = max(r.max_rel for r in rows)
+        print(f"[accuracy] {model} trained {output} rotation error on the {name}: {out[name]:.2e}", flush=True)
+    return out
+
+
+# ------------------------------------------------------------------ driver
+def launch(jobs: list[tuple[str, str, int]], root: Path, extra: list[str], parallel: int) -> None:
+    """Run the missing (data, model, seed) jobs as subprocesses, ``parallel`` at a time."""
+    pending = list(jobs)
+    running: list[tuple[subprocess.Popen, tuple, Any]] = []
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", EST_FAIRCHEM_REEXEC="1")
+    while pending or running:
+        while pending and len(running) < parallel:
+            job = pending.pop(0)
+            rd = run_dir(root, *job)
+            rd.mkdir(parents=True, exist_ok=True)
+            log = open(rd / "study.log", "w")
+            cmd = [sys.executable, __file__, "--one", *map(str, job), "--root", str(root), "--extra", *extra]
+            running.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), job, log))
+            print(f"[accuracy] started {job} (log {rd / 'study.log'})", flush=True)
+        time.sleep(2)
+        for proc, job, log in list(running):
+            if proc.poll() is not None:
+                log.close()
+                running.remove((proc, job, log))
+                state = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}, see its study.log)"
+                print(f"[accuracy] {job} {state}", flush=True)
+
+
+def load_results(root: Path, data_sets, models, seeds) -> dict[str, dict[str, list[dict]]]:
+    out: dict[str, dict[str, list[dict]]] = {}
+    for data in data_sets:
+        for model in models:
+            for seed in seeds:
+                f = run_dir(root, data, model, seed) / "result.json"
+                if f.exists():
+                    out.setdefault(data, {}).setdefault(model, []).append(json.loads(f.read_text()))
+    return out
+
+
+def tables(results: dict[str, dict[str, list[dict]]]) -> dict[str, str]:
+    """Print and return the tables (``summary.accuracy_tables``: the same text the README shows)."""
+    from summary import accuracy_tables
+
+    text = accuracy_tables({"runs": results})
+    for name, tbl in text.items():
+        print(f"### {name}\n\n{tbl}\n", flush=True)
+    return text
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", nargs="+", default=list(DATASETS), choices=list(DATASETS))
+    p.add_argument("--models", nargs="+", default=["fairchem", "est-ffn", "est-default"], choices=list(MODELS))
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
+    p.add_argument("--root", default=str(REPO / "runs" / "accuracy"))
+    p.add_argument("--quick", action="store_true", help="smoke run: 4 steps on 200 samples (own run folder)")
+    p.add_argument("--fresh", action="store_true", help="rerun jobs that already have a result")
+    p.add_argument("--tables-only", action="store_true", help="no training: tables from the stored results")
+    p.add_argument("--no-save", action="store_true", help="do not write benchmarks/results/accuracy.json")
+    p.add_argument("--one", nargs=3, metavar=("DATA", "MODEL", "SEED"), help=argparse.SUPPRESS)
+    p.add_argument("--extra", nargs="*", default=[], help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    root = Path(args.root) / "quick" if args.quick else Path(args.root)
+
+    if args.one:
+        data, model, seed = args.one[0], args.one[1], int(args.one[2])
+        rec = train_one(data, model, seed, root, args.extra)
+        (run_dir(root, data, model, seed) / "result.json").write_text(json.dumps(rec, indent=1, default=str))
+        return 0
+
+    if not fe.available():
+        print(f"[accuracy] {fe.unavailable_reason()}", flush=True)
+        args.models = [m for m in args.models if m != "fairchem"]
+    t0 = time.perf_counter()
+    if not args.tables_only:
+        jobs = [(d, m, s) for s in args.seeds for d in args.data for m in args.models
+                if d in ONLY_ON.get(m, DATASETS) and (args.fresh or not (run_dir(root, d, m, s) / "result.json").exists())]
+        launch(jobs, root, QUICK if args.quick else [], args.jobs)
+    results = load_results(root, args.data, args.models, args.seeds)
+    text = tables(results)
+    if not args.no_save and results:
+        path = save("accuracy", dict(description=__doc__.split("\n\n")[0], datasets=DATASETS, models=MODELS,
+                                     seeds=args.seeds, wall_s=time.perf_counter() - t0, fairchem=fe.fairchem_version(),
+                                     runs=results, tables=text))
+        print(f"[accuracy] wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+#!/usr/bin/env python
+"""Render the benchmark results (``benchmarks/results/*.json``) as one Markdown page, PNG plots and README tables.
+
+Reads what the benchmark scripts wrote (nothing is re-measured):
+
+* ``accuracy.json`` (``study_accuracy.py``): test MAE at equal budget, mean
+  ± sd over seeds, and the equivariance of the trained models;
+* ``vs_fairchem.json`` (``bench_vs_fairchem.py``): training-step speedup and
+  memory vs fairchem per shape;
+* ``vs_fairchem_gpu_s2ef.json`` (``gpu_s2ef.py``): the H200 S2EF-2M run;
+* ``equivariance_training.json``, ``vs_fairchem_equivariance.json``: their
+  stored tables.
+
+Writes ``benchmarks/results/SUMMARY.md`` (every table, with its source) and
+``benchmarks/results/plots/*.png``. With ``--readme``, the README blocks
+between ``<!-- summary:NAME -->`` and ``<!-- /summary:NAME -->`` are replaced
+by the tables named NAME (``accuracy-qm9``, ``accuracy-emt``,
+``accuracy-equivariance``, ``ablation-qm9``), so the README shows exactly what
+the JSON holds.
+
+    python benchmarks/summary.py [--readme] [--no-plots]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+README = HERE.parent / "README.md"
+
+#: the models of the main comparison, in table order (the rest are ablations)
+MAIN = ["fairchem", "est-ffn", "est-default"]
+#: (title, metric key, scale to the reporting unit), per data set
+METRICS = {
+    "qm9": [("gap (meV)", "mae_gap", 1.0), ("U0 (meV)", "mae_U0", 1.0), ("mu (D)", "mae_mu", 1.0),
+            ("alpha (a0^3)", "mae_alpha", 1.0)],
+    "emt": [("energy (meV)", "energy_mae", 1000.0), ("forces (meV/A)", "forces_mae", 1000.0),
+            ("EFwT (%)", "efwt", 100.0)],
+}
+PRIMARY = {"qm9": "mae_gap", "emt": "forces_mae"}
+LABELS = {"fairchem": "fairchem EquiformerV2", "est-ffn": "est EquiformerV2 (`update=\"ffn\"`)",
+          "est-default": "est EST (default)", "est-paper": "est EST (paper preset)",
+          "est-spherical": "est spherical experts only", "est-t4": "est EST, ST on t=4 (S=12)",
+          "est-t8": "est EST, ST on t=8 (S=36)", "est-t12": "est EST, ST on t=12 (S=86)"}
+
+
+def load(name: str) -> dict[str, Any] | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _ms(vals: list[float], scale: float) -> str:
+    vals = [v * scale for v in vals if not math.isnan(v)]
+    if not vals:
+        return "-"
+    m = statistics.fmean(vals)
+    digits = 3 if abs(m) < 100 else 4
+    if len(vals) == 1:
+        return f"{m:.{digits}g}"
+    return f"{m:.{digits}g} ± {statistics.stdev(vals):.2g}"
+
+
+def _table(rows: list[dict[str, Any]], cols: list[str]) -> str:
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def paired(recs: list[dict], base: list[dict], key: str) -> tuple[list[float], int]:
+    """Per-seed ratios model / fairchem of ``key`` (same seed), and how many are below 1."""
+    by_seed = {r["seed"]: r["metrics"][key] for r in base}
+    ratios = [r["metrics"][key] / by_seed[r["seed"]] for r in recs if r["seed"] in by_seed]
+    return ratios, sum(x < 1 for x in ratios)
+
+
+def accuracy_tables(acc: dict[str, Any]) -> dict[str, str]:
+    """``accuracy-<data>`` (main models), ``ablation-<data>`` (the others), ``accuracy-equivariance``."""
+    out: dict[str, str] = {}
+    eq_rows = []
+    for data, per_model in acc["runs"].items():
+        base = per_model.get("fairchem")
+        for kind, names in (("accuracy", [m for m in MAIN if m in per_model]),
+                            ("ablation", ["est-default"] * ("est-default" in per_model) + [m for m in per_model if m not in MAIN])):
+            if kind == "ablation" and len(names) < 2:
+                continue
+            rows = []
+            for model in names:
+                recs = per_model[model]
+                if kind == "ablation" and model == "est-default":
+                    recs = [r for r in recs if r["seed"] == 0]  # ablations ran seed 0 only
+                row = {"model": LABELS.get(model, model), "seeds": len(recs)}
+                for title, key, scale in METRICS[data]:
+                    row[title] = _ms([r["metrics"].get(key, float("nan")) for r in recs], scale)
+                if base:
+                    ratios, wins = paired(recs, base, PRIMARY[data])
+                    if ratios:
+                        row[f"{PRIMARY[data]} / fairchem (per seed)"] = (
+                            " ".join(f"{x:.2f}" for x in ratios) + (f" ({wins}/{len(ratios)} lower)" if model != "fairchem" else ""))
+                    t_base = statistics.fmean(r["ms_per_step"] for r in base)
+                    row["step time / fairchem"] = f"{statistics.fmean(r['ms_per_step'] for r in recs) / t_base:.2f}"
+                rows.append(row)
+            if kind == "accuracy":
+                mp = per_model[names[0]][0]["metrics"]
+                rows.append({"model": "mean predictor", "seeds": "", **{
+                    title: _ms([mp.get("base_" + key, float("nan"))], scale) for title, key, scale in METRICS[data]
+                    if key != "efwt"}})
+            cols = []
+            for r in rows:
+                cols += [c for c in r if c not in cols]
+            out[f"{kind}-{data}"] = _table(rows, cols)
+        for model, recs in per_model.items():
+            eq = [r["equivariance"] for r in recs if "equivariance" in r]
+            if not eq:
+                continue
+            for sample in [k for k in eq[0] if k != "output"]:
+                vals = [e[sample] for e in eq]
+                row = {"data": data, "model": LABELS.get(model, model), "output": eq[0]["output"], "sample": sample,
+                       "seeds": len(vals), "max rel. error": f"{max(vals):.1e}", "median": f"{statistics.median(vals):.1e}"}
+                if base and model != "fairchem":
+                    b = [r["equivariance"][sample] for r in base if "equivariance" in r]
+                    if b:
+                        row["fairchem / model"] = f"{max(b) / max(max(vals), 1e-300):.3g}x"
+                eq_rows.append(row)
+    if eq_rows:
+        out["accuracy-equivariance"] = _table(eq_rows, ["data", "model", "output", "sample", "seeds", "max rel. error",
+                                                        "median", "fairchem / model"])
+    return out
+
+
+def plot_accuracy(acc: dict[str, Any], plots: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for data, per_model in acc["runs"].items():
+        models = [m for m in MAIN if m in per_model] + [m for m in per_model if m not in MAIN]
+        mets = [m for m in METRICS[data] if m[1] != "efwt"]
+        fig, axes = plt.subplots(1, len(mets), figsize=(3.2 * len(mets), 3.2), squeeze=False)
+        for ax, (title, key, scale) in zip(axes[0], mets):
+            for i, model in enumerate(models):
+                vals = [r["metrics"][key] * scale for r in per_model[model]]
+                ax.bar(i, statistics.fmean(vals), color="C0" if model == "fairchem" else ("C1" if model in MAIN else "C7"))
+                ax.plot([i] * len(vals), vals, "k.", ms=4)
+            ax.set_xticks(range(len(models)), models, rotation=60, ha="right", fontsize=7)
+            ax.set_title(title, fontsize=9)
+        fig.suptitle(f"{data}: {per_model[models[0]][0]['split']} MAE at equal budget (bars: mean, dots: seeds)", fontsize=9)
+        fig.tight_layout()
+        path = plots / f"accuracy_{data}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def plot_speed(vs: dict[str, Any], plots: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in vs["rows"] if r.get("train_speedup_vs_fairchem") and r["model"] != "fairchem"]
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    w = 0.8 / max(len(models), 1)
+    for j, model in enumerate(models):
+        ys = [next((r["train_speedup_vs_fairchem"] for r in rows if r["shape"] == s and r["model"] == model), float("nan"))
+              for s in shapes]
+        ax.bar([i + j * w for i in range(len(shapes))], ys, width=w, label=model)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.axhline(1.4, color="r", lw=0.8, ls="--", label="target 1.4x (ffn)")
+    ax.set_xticks([i + 0.4 - w / 2 for i in range(len(shapes))], shapes)
+    ax.set_ylabel("training step speedup vs fairchem")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = plots / "speed_vs_fairchem.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+def replace_blocks(text: str, blocks: dict[str, str]) -> tuple[str, list[str]]:
+    """Replace every ``<!-- summary:NAME -->...<!-- /summary:NAME -->`` whose NAME is in ``blocks``."""
+    done = []
+
+    def sub(m):
+        name = m.group(1)
+        if name not in blocks:
+            return m.group(0)
+        done.append(name)
+        return f"<!-- summary:{name} -->\n{blocks[name]}\n<!-- /summary:{name} -->"
+
+    return re.sub(r"<!-- summary:([\w-]+) -->.*?<!-- /summary:\1 -->", sub, text, flags=re.S), done
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--readme", action="store_true", help="also replace the summary blocks in README.md")
+    p.add_argument("--no-plots", action="store_true")
+    args = p.parse_args(argv)
+    sections: list[str] = ["# Benchmark summary", "", "Rendered by `python benchmarks/summary.py` from `benchmarks/results/*.json`."]
+    blocks: dict[str, str] = {}
+    acc = load("accuracy")
+    if acc:
+        blocks.update(accuracy_tables(acc))
+        for name, tbl in blocks.items():
+            sections += ["", f"## {name} (`study_accuracy.py`)", "", tbl]
+    for name, script in (("vs_fairchem", "bench_vs_fairchem.py"), ("vs_fairchem_equivariance", "bench_equivariance_vs_fairchem.py"),
+                         ("equivariance_training", "study_equivariance_training.py")):
+        d = load(name)
+        if not d or not d.get("tables"):
+            continue
+        tables = d["tables"].values() if isinstance(d["tables"], dict) else d["tables"]
+        sections += ["", f"## {name} (`{script}`)"] + [f"\n{t}" for t in tables]
+    gpu = load("vs_fairchem_gpu_s2ef")
+    if gpu and gpu.get("table"):
+        sections += ["", "## vs_fairchem_gpu_s2ef (`gpu_s2ef.py`)", "", gpu["table"]]
+    (RESULTS / "SUMMARY.md").write_text("\n".join(sections) + "\n")
+    print(f"[summary] wrote {RESULTS / 'SUMMARY.md'}")
+    if not args.no_plots:
+        plots = RESULTS / "plots"
+        plots.mkdir(exist_ok=True)
+        written = (plot_accuracy(acc, plots) if acc else [])
+        vs = load("vs_fairchem")
+        written += plot_speed(vs, plots) if vs else []
+        for w in written:
+            print(f"[summary] wrote {w}")
+    if args.readme:
+        text, done = replace_blocks(README.read_text(), blocks)
+        README.write_text(text)
+        missing = sorted(set(blocks) - set(done))
+        print(f"[summary] README blocks replaced: {', '.join(done) or 'none'}"
+              + (f"; no README block for: {', '.join(missing)}" if missing else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

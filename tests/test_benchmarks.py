@@ -1,0 +1,96 @@
+"""The benchmark scripts' own logic (no fairchem, no timing): configs they train, tables they render."""
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench_modules(monkeypatch_module):
+    monkeypatch_module.syspath_prepend(str(BENCH / "baseline"))
+    monkeypatch_module.syspath_prepend(str(BENCH))
+    return importlib.import_module("study_accuracy"), importlib.import_module("summary")
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+@pytest.mark.parametrize("data", ["qm9", "emt"])
+def test_study_configs_build_identical_shapes(bench_modules, data):
+    """Every est variant of the accuracy study composes to a valid config and the same shape as the others."""
+    study, _ = bench_modules
+    from est.models import build_model
+    from est.train import load_config
+
+    d = study.DATASETS[data]
+    counts = {}
+    for model, overrides in study.MODELS.items():
+        if model == "fairchem" or data not in study.ONLY_ON.get(model, study.DATASETS):
+            continue
+        cfg = load_config([f"+experiment={d['experiment']}", *d["overrides"], *overrides])
+        m = dict(cfg.model)
+        m.update(avg_num_nodes=18.0, avg_degree=12.0)
+        net = build_model(**m)
+        counts[model] = sum(p.numel() for p in net.parameters())
+        assert net.config.num_radial == 600 and net.config.grid_resolution[0] == net.config.grid_resolution[1]
+    # est-ffn is exactly the shape fairchem is built at (comparable_config of the same overrides)
+    fe = importlib.import_module("fairchem_eqv2")
+    cfg = load_config([f"+experiment={d['experiment']}", *d["overrides"], *study.MODELS["est-ffn"]])
+    m = {k: v for k, v in dict(cfg.model).items() if k != "name"}
+    m.update(avg_num_nodes=18.0, avg_degree=12.0)
+    assert fe.comparable_config(cfg.model.name, **m) == build_model(name=cfg.model.name, **m).config
+    assert counts["est-ffn"] < counts["est-default"]
+
+
+def _rec(model, seed, gap, t=100.0, eq=None):
+    rec = {"model": model, "seed": seed, "params": 10, "steps": 5, "split": "test", "ms_per_step": t,
+           "metrics": {"mae_gap": gap, "mae_U0": 2 * gap, "mae_mu": 0.1, "mae_alpha": 0.2,
+                       "base_mae_gap": 1000.0, "base_mae_U0": 9.0, "base_mae_mu": 1.0, "base_mae_alpha": 3.0}}
+    if eq is not None:
+        rec["equivariance"] = {"output": "properties", "molecule": eq}
+    return rec
+
+
+def test_accuracy_tables_pair_seeds_and_ratios(bench_modules):
+    _, summary = bench_modules
+    runs = {"qm9": {
+        "fairchem": [_rec("fairchem", 0, 100.0, 200.0, 1e-6), _rec("fairchem", 1, 120.0, 200.0, 2e-6)],
+        "est-default": [_rec("est-default", 1, 60.0, 100.0, 1e-8), _rec("est-default", 0, 110.0, 100.0, 1e-8)],
+        "est-t4": [_rec("est-t4", 0, 90.0)],
+    }}
+    t = summary.accuracy_tables({"runs": runs})
+    main = t["accuracy-qm9"]
+    # per-seed ratios are paired by seed, not by order: seed 1 -> 60/120, seed 0 -> 110/100
+    assert "0.50 1.10 (1/2 lower)" in main
+    assert "| 0.50 |" in main  # step time ratio 100 / 200
+    assert "85 ± 35" in main  # mean ± sd of 60 and 110
+    assert "mean predictor" in main and "1000" in main
+    assert "est EST, ST on t=4 (S=12)" in t["ablation-qm9"]
+    assert "200x" in t["accuracy-equivariance"]  # fairchem 2e-6 / est 1e-8
+
+
+def test_readme_blocks_replaced_only_by_name(bench_modules):
+    _, summary = bench_modules
+    text = "a\n<!-- summary:x -->\nold\n<!-- /summary:x -->\nb\n<!-- summary:y -->\nkeep\n<!-- /summary:y -->\n"
+    new, done = summary.replace_blocks(text, {"x": "NEW"})
+    assert done == ["x"]
+    assert "NEW" in new and "old" not in new and "keep" in new
+
+
+def test_fairchem_absent_is_a_clear_skip(bench_modules, monkeypatch):
+    fe = importlib.import_module("fairchem_eqv2")
+    monkeypatch.setattr(fe, "_fairchem_importable", lambda: False)
+    assert not fe.available()
+    assert "setup_fairchem.sh" in fe.unavailable_reason()
+    with pytest.raises(RuntimeError, match="setup_fairchem.sh"):
+        fe.trainable(name="eqv2-tiny")
+    assert "fairchem" in sys.modules["study_accuracy"].MODELS
