@@ -204,3 +204,33 @@ def test_torch_compile_smoke():
     x = torch.randn(5, 9, 8)
     compiled = torch.compile(block, backend="aot_eager")
     assert torch.allclose(compiled(x), block(x), atol=1e-6)
+
+
+@pytest.mark.parametrize("lmax,res", [(2, 10), (4, 18)])
+def test_steerable_ffn_grid_amplitudes_are_equiformer_v2s(lmax, res):
+    """The FFN samples what EquiformerV2 samples: e3nn's ToS2Grid(normalization="component") on the same grid."""
+    from e3nn.o3 import ToS2Grid
+
+    from est.nn import GridConfig, SteerableFFN, SteerableFFNConfig
+
+    ffn = SteerableFFN(SteerableFFNConfig(lmax=lmax, channels=4, grid=GridConfig(kind="equiangular", resolution=(res, res))))
+    ffn = ffn.double()
+    x = torch.randn(3, (lmax + 1) ** 2, 2, dtype=torch.float64)  # [N, K, C]
+    ours = ffn.sft.to_sphere(x)  # [N, S, C], beta-major
+    e3nn = ToS2Grid(lmax, (res, res), normalization="component", dtype=torch.float64)
+    ref = e3nn(x.transpose(1, 2))  # [N, C, beta, alpha]
+    torch.testing.assert_close(ours, ref.flatten(2).transpose(1, 2), atol=1e-12, rtol=0)
+    # the round trip is unchanged by the amplitude convention
+    torch.testing.assert_close(ffn.sft.from_sphere(ours), x, atol=1e-12, rtol=0)
+
+
+def test_degree_scaling_names():
+    from est.sphere import SphericalFourierTransform
+
+    with pytest.raises(ValueError, match="unknown degree_scaling 'unit'"):
+        SphericalFourierTransform(2, kind="gauss-legendre", degree_scaling="unit")
+    plain = SphericalFourierTransform(2, kind="design").double()
+    scaled = SphericalFourierTransform(2, kind="design", degree_scaling="component").double()
+    x = torch.zeros(1, 9, 1, dtype=torch.float64)
+    x[0, 0, 0] = 1.0  # l = 0 only: n_0 = 1/sqrt(L+1)
+    torch.testing.assert_close(scaled.to_sphere(x), plain.to_sphere(x) / 3**0.5)

@@ -44,13 +44,13 @@ from torch import nn
 
 from ..so3 import degree_index, m_major_index, num_coefficients
 from ..so3._layout import check_lmax
-from ..sphere import sphere_points, transform_matrices
+from ..sphere import DEGREE_SCALINGS, degree_scale, sphere_points, transform_matrices
 from .edges import m_major_degrees
 from .edges import truncation_rescale as _degree_rescale
 
 __all__ = ["SmoothLeakyReLU", "S2GridActivation", "SeparableS2Activation", "GateActivation", "GRID_NORMALIZATIONS"]
 
-GRID_NORMALIZATIONS = ("component", "integral", "norm", "none")
+GRID_NORMALIZATIONS = DEGREE_SCALINGS  # the grid amplitude conventions (est.sphere.degree_scale)
 
 
 class SmoothLeakyReLU(nn.Module):
@@ -74,18 +74,6 @@ def _layout(lmax: int, mmax: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     if mmax is None:
         return torch.arange(num_coefficients(lmax)), degree_index(lmax)
     return m_major_index(lmax, mmax), m_major_degrees(lmax, mmax)
-
-
-def _grid_scale(normalization: str, lmax: int) -> torch.Tensor:
-    """``[L+1]`` factors n_l of the grid normalisation (module docstring), float64."""
-    l = torch.arange(lmax + 1, dtype=torch.float64)
-    if normalization == "component":
-        return 1.0 / torch.sqrt((2 * l + 1) * (lmax + 1))
-    if normalization == "integral":
-        return torch.full_like(l, 1.0 / math.sqrt(4 * math.pi))
-    if normalization == "norm":
-        return torch.full_like(l, 1.0 / math.sqrt(lmax + 1))
-    return torch.ones_like(l)
 
 
 def _check(x: torch.Tensor, rows: int, channels: int | None, name: str, layout: str) -> None:
@@ -133,7 +121,7 @@ class S2GridActivation(nn.Module):
         A, B = transform_matrices(lmax, points, weights, "quadrature")  # [S, K], [K, S] float64
         index, degree = _layout(lmax, mmax)
         A, B = A[:, index], B[index, :]  # [S, K'], [K', S]
-        n = _grid_scale(grid_normalization, lmax)[degree]  # [K'] n_l
+        n = degree_scale(grid_normalization, lmax)[degree]  # [K'] n_l
         A, B = A * n, B / n[:, None]
         if mmax is not None and truncation_rescale:
             s = _degree_rescale(lmax, mmax)  # [K'] s_l

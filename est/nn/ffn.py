@@ -5,7 +5,9 @@ r"""EquiformerV2's feed-forward network on irreps features (the steerable expert
     h' = \mathcal{F}^{-1}\big[\mathrm{MLP}(\mathcal{F} h)\big],\quad
     h'_0 = \mathrm{SiLU}(W_0 \hat x_0),\quad y = W^{(2)}_l h'_l
 
-with :math:`\mathcal{F}` the spherical Fourier transform (values at points),
+with :math:`\mathcal{F}` the spherical Fourier transform (values at points, degree l
+scaled by :math:`n_l = 1/\sqrt{(2l+1)(L+1)}`: EquiformerV2's "component" grids, so
+the MLP sees the amplitudes it sees in fairchem; ``grid_scaling``),
 the MLP pointwise over points (Linear-SiLU-Linear-SiLU-Linear, no bias), and
 per-degree linears :math:`W^{(1)}, W^{(2)}`. The l = 0 output of the grid is
 replaced by a separate scalar MLP, as in EquiformerV2's grid-MLP FFN.
@@ -32,6 +34,7 @@ class SteerableFFNConfig:
     out_channels: int | None = None  # default: channels (1 for an energy head)
     norm: str | None = "rms_norm_sh"  # own pre-norm; None to skip
     grid: GridConfig = field(default_factory=lambda: GridConfig(kind="equiangular"))
+    grid_scaling: str = "component"  # amplitude on the grid (est.sphere.degree_scale); EquiformerV2: component
 
 
 class SteerableFFN(nn.Module):
@@ -45,7 +48,7 @@ class SteerableFFN(nn.Module):
         self.norm = build_norm(cfg.norm, lmax=L, channels=C) if cfg.norm else nn.Identity()
         self.linear_in = DegreeLinear(lmax=L, in_channels=C, out_channels=H)
         self.scalar = nn.Sequential(nn.Linear(C, H), nn.SiLU())
-        self.sft = cfg.grid.build(L)
+        self.sft = cfg.grid.build(L, degree_scaling=cfg.grid_scaling)
         self.grid_mlp = nn.Sequential(
             nn.Linear(H, H, bias=False), nn.SiLU(), nn.Linear(H, H, bias=False), nn.SiLU(), nn.Linear(H, H, bias=False)
         )

@@ -25,7 +25,8 @@ class GridConfig:
     normalization: str = "quadrature"
     relax_steps: int = 0
 
-    def build(self, lmax: int) -> SphericalFourierTransform:
+    def build(self, lmax: int, *, degree_scaling: str = "none") -> SphericalFourierTransform:
+        """The transform; ``degree_scaling`` is the user layer's amplitude convention (not a point-set choice)."""
         return SphericalFourierTransform(
             lmax,
             kind=self.kind,
@@ -34,6 +35,7 @@ class GridConfig:
             degree=self.degree,
             resolution=None if self.resolution is None else tuple(self.resolution),
             relax_steps=self.relax_steps,
+            degree_scaling=degree_scaling,
         )
 
 

@@ -13,7 +13,7 @@ from .points import (
     relax_points,
     sphere_points,
 )
-from .transform import NORMALIZATIONS, SphericalFourierTransform, transform_matrices
+from .transform import DEGREE_SCALINGS, NORMALIZATIONS, SphericalFourierTransform, degree_scale, transform_matrices
 
 __all__ = [
     "KINDS",
@@ -27,4 +27,6 @@ __all__ = [
     "default_num_points",
     "SphericalFourierTransform",
     "transform_matrices",
+    "degree_scale",
+    "DEGREE_SCALINGS",
 ]

@@ -17,6 +17,14 @@ With points :math:`p_s`, weights :math:`w_s` (sum :math:`4\pi`) and
   :math:`A = \hat Y`, :math:`B = \hat Y^T`. Grid values are then about
   :math:`1/\sqrt S` of the function values.
 
+``degree_scaling`` multiplies the degree-l columns of ``A`` by :math:`n_l` and
+divides the rows of ``B`` by it (the linear round trip is unchanged; what
+changes is the amplitude a pointwise nonlinearity sees):
+``"none"`` :math:`n_l = 1`, ``"component"`` :math:`n_l = 1/\sqrt{(2l+1)(L+1)}`
+(EquiformerV2's grids: e3nn's ``ToS2Grid(normalization="component")``, about
+unit grid values for unit-variance coefficients), ``"integral"``
+:math:`1/\sqrt{4\pi}`, ``"norm"`` :math:`1/\sqrt{L+1}`.
+
 Grid rotation (EST's training-time augmentation): rotating the points by
 ``R`` turns ``Y`` into ``Y D(R)^T``; we apply it as ``to_sphere(D^T x)`` and
 ``D from_sphere(F)`` with one Wigner-D per sample, which is exact for every
@@ -30,12 +38,27 @@ import torch
 from torch import nn
 
 from ..so3._harmonics import spherical_harmonics
-from ..so3._layout import check_lmax, num_coefficients
+from ..so3._layout import check_lmax, degree_index, num_coefficients
 from .points import sphere_points
 
-__all__ = ["SphericalFourierTransform", "NORMALIZATIONS", "transform_matrices"]
+__all__ = ["SphericalFourierTransform", "NORMALIZATIONS", "DEGREE_SCALINGS", "degree_scale", "transform_matrices"]
 
 NORMALIZATIONS = ("quadrature", "lambda", "column")
+DEGREE_SCALINGS = ("none", "component", "integral", "norm")
+
+
+def degree_scale(name: str, lmax: int) -> torch.Tensor:
+    """``[L+1]`` float64 factors :math:`n_l` of a grid amplitude convention (module docstring)."""
+    l = torch.arange(lmax + 1, dtype=torch.float64)
+    if name == "component":
+        return 1.0 / torch.sqrt((2 * l + 1) * (lmax + 1))
+    if name == "integral":
+        return torch.full_like(l, 1.0 / math.sqrt(4 * math.pi))
+    if name == "norm":
+        return torch.full_like(l, 1.0 / math.sqrt(lmax + 1))
+    if name == "none":
+        return torch.ones_like(l)
+    raise ValueError(f"unknown degree_scaling {name!r}; expected one of {DEGREE_SCALINGS}")
 
 
 def transform_matrices(
@@ -76,6 +99,8 @@ class SphericalFourierTransform(nn.Module):
         kind: point set, see :func:`est.sphere.sphere_points`.
         num_points, degree, resolution, relax_steps: passed to ``sphere_points``.
         normalization: ``"quadrature"``, ``"lambda"`` or ``"column"`` (module docstring).
+        degree_scaling: grid amplitude per degree, ``"none"`` or e.g. ``"component"``
+            (EquiformerV2's; module docstring).
 
     Attributes:
         points ``[S, 3]``, weights ``[S]``, to_matrix ``[S, K]``,
@@ -99,6 +124,7 @@ class SphericalFourierTransform(nn.Module):
         degree: int | None = None,
         resolution: tuple[int, int] | None = None,
         relax_steps: int = 0,
+        degree_scaling: str = "none",
     ) -> None:
         super().__init__()
         if normalization not in NORMALIZATIONS:
@@ -110,6 +136,10 @@ class SphericalFourierTransform(nn.Module):
             kind, lmax, num_points, degree=degree, resolution=resolution, relax_steps=relax_steps
         )
         A, B = transform_matrices(lmax, points, weights, normalization)
+        self.degree_scaling = degree_scaling
+        if degree_scaling != "none":
+            n = degree_scale(degree_scaling, lmax)[degree_index(lmax)]  # [K] n_l per coefficient
+            A, B = A * n, B / n[:, None]
         # float64 masters: every cast of the module re-derives its buffers from
         # them, so .float().double() does not lose precision (see _apply)
         self._masters = dict(points=points, weights=weights, to_matrix=A, from_matrix=B)
@@ -138,7 +168,8 @@ class SphericalFourierTransform(nn.Module):
         return num_coefficients(self.lmax)
 
     def extra_repr(self) -> str:
-        return f"lmax={self.lmax}, kind={self.kind!r}, num_points={self.num_points}, normalization={self.normalization!r}"
+        extra = f", degree_scaling={self.degree_scaling!r}" if self.degree_scaling != "none" else ""
+        return f"lmax={self.lmax}, kind={self.kind!r}, num_points={self.num_points}, normalization={self.normalization!r}{extra}"
 
     def _check(self, x: torch.Tensor, dim_size: int, what: str, name: str) -> None:
         if x.dim() < 2 or x.shape[-2] != dim_size:
