@@ -163,7 +163,7 @@ def trained_equivariance(trainer, rd: Path, model: str, data: str) -> dict[str, 
 
 
 # ------------------------------------------------------------------ driver
-def launch(jobs: list[tuple[str, str, int]], root: Path, extra: list[str], parallel: int) -> None:
+def launch(jobs: list[tuple[str, str, int]], root: Path, extra: list[str], parallel: int, fresh: bool = False) -> None:
     """Run the missing (data, model, seed) jobs as subprocesses, ``parallel`` at a time."""
     pending = list(jobs)
     running: list[tuple[subprocess.Popen, tuple, Any]] = []
@@ -172,6 +172,8 @@ def launch(jobs: list[tuple[str, str, int]], root: Path, extra: list[str], paral
         while pending and len(running) < parallel:
             job = pending.pop(0)
             rd = run_dir(root, *job)
+            if (rd / "result.json").exists() and not fresh:  # finished meanwhile (another driver)
+                continue
             rd.mkdir(parents=True, exist_ok=True)
             log = open(rd / "study.log", "w")
             cmd = [sys.executable, __file__, "--one", *map(str, job), "--root", str(root), "--extra", *extra]
@@ -236,7 +238,7 @@ def main(argv=None) -> int:
     if not args.tables_only:
         jobs = [(d, m, s) for s in args.seeds for d in args.data for m in args.models
                 if d in ONLY_ON.get(m, DATASETS) and (args.fresh or not (run_dir(root, d, m, s) / "result.json").exists())]
-        launch(jobs, root, QUICK if args.quick else [], args.jobs)
+        launch(jobs, root, QUICK if args.quick else [], args.jobs, args.fresh)
     results = load_results(root, args.data, args.models, args.seeds)
     text = tables(results)
     if not args.no_save and results:
