@@ -220,6 +220,8 @@ def main(argv=None) -> int:
     p.add_argument("--fresh", action="store_true", help="rerun jobs that already have a result")
     p.add_argument("--tables-only", action="store_true", help="no training: tables from the stored results")
     p.add_argument("--no-save", action="store_true", help="do not write benchmarks/results/accuracy.json")
+    p.add_argument("--override", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="config overrides added to every run (use a separate --root), e.g. model.grid_resolution=[18,18]")
     p.add_argument("--one", nargs=3, metavar=("DATA", "MODEL", "SEED"), help=argparse.SUPPRESS)
     p.add_argument("--extra", nargs="*", default=[], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -238,7 +240,7 @@ def main(argv=None) -> int:
     if not args.tables_only:
         jobs = [(d, m, s) for s in args.seeds for d in args.data for m in args.models
                 if d in ONLY_ON.get(m, DATASETS) and (args.fresh or not (run_dir(root, d, m, s) / "result.json").exists())]
-        launch(jobs, root, QUICK if args.quick else [], args.jobs, args.fresh)
+        launch(jobs, root, (QUICK if args.quick else []) + list(args.override), args.jobs, args.fresh)
     results = load_results(root, args.data, args.models, args.seeds)
     text = tables(results)
     if not args.no_save and results:
