@@ -58,7 +58,6 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "baseline"))
-os.environ.setdefault("EST_DATA_DIR", str(REPO / "runs" / "data"))
 
 import fairchem_eqv2 as fe  # noqa: E402
 
@@ -219,12 +218,14 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="smoke run: 4 steps on 200 samples (own run folder)")
     p.add_argument("--fresh", action="store_true", help="rerun jobs that already have a result")
     p.add_argument("--tables-only", action="store_true", help="no training: tables from the stored results")
-    p.add_argument("--no-save", action="store_true", help="do not write benchmarks/results/accuracy.json")
+    p.add_argument("--no-save", action="store_true", help="do not write benchmarks/results/<--save-as>.json")
+    p.add_argument("--save-as", default="accuracy", help="results name (benchmarks/results/NAME.json)")
     p.add_argument("--override", nargs="*", default=[], metavar="KEY=VALUE",
                    help="config overrides added to every run (use a separate --root), e.g. model.grid_resolution=[18,18]")
     p.add_argument("--one", nargs=3, metavar=("DATA", "MODEL", "SEED"), help=argparse.SUPPRESS)
     p.add_argument("--extra", nargs="*", default=[], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    os.environ.setdefault("EST_DATA_DIR", str(REPO / "runs" / "data"))  # generated data out of the source tree
     root = Path(args.root) / "quick" if args.quick else Path(args.root)
 
     if args.one:
@@ -244,9 +245,9 @@ def main(argv=None) -> int:
     results = load_results(root, args.data, args.models, args.seeds)
     text = tables(results)
     if not args.no_save and results:
-        path = save("accuracy", dict(description=__doc__.split("\n\n")[0], datasets=DATASETS, models=MODELS,
+        path = save(args.save_as, dict(description=__doc__.split("\n\n")[0], datasets=DATASETS, models=MODELS,
                                      seeds=args.seeds, wall_s=time.perf_counter() - t0, fairchem=fe.fairchem_version(),
-                                     runs=results, tables=text))
+                                     overrides=args.override, runs=results, tables=text))
         print(f"[accuracy] wrote {path}")
     return 0
 

@@ -15,8 +15,9 @@ Writes ``benchmarks/results/SUMMARY.md`` (every table, with its source) and
 ``benchmarks/results/plots/*.png``. With ``--readme``, the README blocks
 between ``<!-- summary:NAME -->`` and ``<!-- /summary:NAME -->`` are replaced
 by the tables named NAME (``accuracy-qm9``, ``accuracy-emt``,
-``accuracy-equivariance``, ``ablation-qm9``), so the README shows exactly what
-the JSON holds.
+``accuracy-equivariance``, ``ablation-qm9``, ``ablation-emt``, and the same
+with a ``grid18-`` prefix for ``accuracy_grid18.json``), so the README shows
+exactly what the JSON holds.
 
     python benchmarks/summary.py [--readme] [--no-plots]
 """
@@ -88,7 +89,7 @@ def accuracy_tables(acc: dict[str, Any]) -> dict[str, str]:
         base = per_model.get("fairchem")
         for kind, names in (("accuracy", [m for m in MAIN if m in per_model]),
                             ("ablation", ["est-default"] * ("est-default" in per_model) + [m for m in per_model if m not in MAIN])):
-            if kind == "ablation" and len(names) < 2:
+            if not names or (kind == "ablation" and len(names) < 2):
                 continue
             rows = []
             for model in names:
@@ -103,8 +104,9 @@ def accuracy_tables(acc: dict[str, Any]) -> dict[str, str]:
                     if ratios:
                         row[f"{PRIMARY[data]} / fairchem (per seed)"] = (
                             " ".join(f"{x:.2f}" for x in ratios) + (f" ({wins}/{len(ratios)} lower)" if model != "fairchem" else ""))
-                    t_base = statistics.fmean(r["ms_per_step"] for r in base)
-                    row["step time / fairchem"] = f"{statistics.fmean(r['ms_per_step'] for r in recs) / t_base:.2f}"
+                    if kind == "accuracy":  # ablations ran later, under a different machine load: no time ratio
+                        t_base = statistics.fmean(r["ms_per_step"] for r in base)
+                        row["step time / fairchem"] = f"{statistics.fmean(r['ms_per_step'] for r in recs) / t_base:.2f}"
                 rows.append(row)
             if kind == "accuracy":
                 mp = per_model[names[0]][0]["metrics"]
@@ -180,7 +182,8 @@ def plot_speed(vs: dict[str, Any], plots: Path) -> list[Path]:
     ax.axhline(1.4, color="r", lw=0.8, ls="--", label="target 1.4x (ffn)")
     ax.set_xticks([i + 0.4 - w / 2 for i in range(len(shapes))], shapes)
     ax.set_ylabel("training step speedup vs fairchem")
-    ax.legend(fontsize=7)
+    ax.set_ylim(0, 1.9)
+    ax.legend(fontsize=7, ncol=3, loc="upper center")
     fig.tight_layout()
     path = plots / "speed_vs_fairchem.png"
     fig.savefig(path, dpi=110)
@@ -210,10 +213,15 @@ def main(argv=None) -> int:
     sections: list[str] = ["# Benchmark summary", "", "Rendered by `python benchmarks/summary.py` from `benchmarks/results/*.json`."]
     blocks: dict[str, str] = {}
     acc = load("accuracy")
-    if acc:
-        blocks.update(accuracy_tables(acc))
-        for name, tbl in blocks.items():
-            sections += ["", f"## {name} (`study_accuracy.py`)", "", tbl]
+    # (results name, README block prefix): the main study, and the same study on the published 18x18 grid
+    for result, prefix in (("accuracy", ""), ("accuracy_grid18", "grid18-")):
+        d = load(result)
+        if not d:
+            continue
+        for name, tbl in accuracy_tables(d).items():
+            blocks[prefix + name] = tbl
+            sections += ["", f"## {prefix}{name} (`study_accuracy.py`, {' '.join(d.get('overrides') or []) or 'as configured'})",
+                         "", tbl]
     for name, script in (("vs_fairchem", "bench_vs_fairchem.py"), ("vs_fairchem_equivariance", "bench_equivariance_vs_fairchem.py"),
                          ("equivariance_training", "study_equivariance_training.py")):
         d = load(name)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -14,7 +15,11 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 def bench_modules(monkeypatch_module):
     monkeypatch_module.syspath_prepend(str(BENCH / "baseline"))
     monkeypatch_module.syspath_prepend(str(BENCH))
-    return importlib.import_module("study_accuracy"), importlib.import_module("summary")
+    before = dict(os.environ)
+    mods = importlib.import_module("study_accuracy"), importlib.import_module("summary")
+    # importing a benchmark must not change the environment the rest of the suite (and its subprocesses) sees
+    assert dict(os.environ) == before
+    return mods
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +81,8 @@ def test_accuracy_tables_pair_seeds_and_ratios(bench_modules):
     assert "mean predictor" in main and "1000" in main
     assert "est EST, ST on t=4 (S=12)" in t["ablation-qm9"]
     assert "| 0.005 |" in t["accuracy-equivariance"]  # est 1e-8 / fairchem 2e-6
+    only_ablations = summary.accuracy_tables({"runs": {"qm9": {"est-t4": runs["qm9"]["est-t4"]}}})
+    assert "accuracy-qm9" not in only_ablations  # a run of ablation models alone renders without the main table
 
 
 def test_readme_blocks_replaced_only_by_name(bench_modules):
