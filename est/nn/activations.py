@@ -37,7 +37,6 @@ EquiformerV2 does (so a linear activation would scale them by :math:`s_l^2`).
 """
 from __future__ import annotations
 
-import math
 
 import torch
 from torch import nn
