@@ -21,32 +21,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import median_time, print_table, rel_equivariance_error, save, setup_threads  # noqa: E402
+from bench_est_block import measure  # noqa: E402  (time, memory, equivariance of one block config)
+from common import print_table, save, setup_threads  # noqa: E402
 
-from est.nn import ESTBlock, GridConfig, preset_config  # noqa: E402
-from est.so3 import random_rotation, wigner_D  # noqa: E402
+from est.nn import GridConfig, preset_config  # noqa: E402
 
 
 def degrees(L: int) -> list[int]:
     return sorted(t for t in {2 * L, 3 * L, 4 * L, 5 * L, 6 * L, 12, 18, 24, 30} if 2 * L <= t <= 30)
-
-
-def fwd_bwd_ms(block, L: int, C: int, atoms: int) -> float:
-    block = block.float().train()
-    x = torch.randn(atoms, (L + 1) ** 2, C, requires_grad=True)
-    batch = torch.arange(atoms) // 20
-
-    def step():
-        block(x, batch).sum().backward()
-
-    return 1e3 * median_time(step, repeats=3)
-
-
-def error(block, L: int, C: int) -> float:
-    blk = block.double().eval()
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(50, (L + 1) ** 2, C, dtype=torch.float64, generator=g)
-    return rel_equivariance_error(lambda v: blk(v) - v, x, wigner_D(L, random_rotation(4, generator=g)).double())
 
 
 def main(argv=None) -> int:
@@ -59,16 +41,16 @@ def main(argv=None) -> int:
     C, rows = args.channels, []
     for L in args.lmax:
         torch.manual_seed(0)
-        base = fwd_bwd_ms(ESTBlock(preset_config("default", lmax=L, channels=C, num_spherical_experts=0)), L, C, args.atoms)
+        base = measure("ffn", preset_config("default", lmax=L, channels=C, num_spherical_experts=0),
+                       atoms=args.atoms, device="cpu", repeats=3)["time_ms"]
         default_t = preset_config("default", lmax=L, channels=C).grid.degree
         for t in degrees(L):
             torch.manual_seed(0)
-            block = ESTBlock(preset_config("default", lmax=L, channels=C, grid=GridConfig(kind="design", degree=t)))
-            S = block.spherical.sft.num_points
-            ms = fwd_bwd_ms(block, L, C, args.atoms)
-            rows.append(dict(L=L, t=t, S=S, default="yes" if t == default_t else "", equivariance_error=error(block, L, C),
-                             time_vs_ffn=ms / base, time_ms=ms))
-            print(f"[block-vs-S] L={L} t={t} S={S}: error {rows[-1]['equivariance_error']:.1e}, {ms / base:.2f}x the FFN",
+            r = measure(f"t={t}", preset_config("default", lmax=L, channels=C, grid=GridConfig(kind="design", degree=t)),
+                        atoms=args.atoms, device="cpu", repeats=3)
+            rows.append(dict(L=L, t=t, S=r["S"], default="yes" if t == default_t else "",
+                             equivariance_error=r["equivariance"], time_vs_ffn=r["time_ms"] / base, time_ms=r["time_ms"]))
+            print(f"[block-vs-S] L={L} t={t} S={r['S']}: error {r['equivariance']:.1e}, {r['time_ms'] / base:.2f}x the FFN",
                   flush=True)
     text = print_table(rows, ["L", "t", "S", "default", "equivariance_error", "time_vs_ffn", "time_ms"],
                        f"ESTBlock vs S (C={C}, {args.atoms} atoms, CPU {threads} threads; error float64 eval, time fwd+bwd "

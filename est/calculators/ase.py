@@ -113,27 +113,15 @@ def _training_elements(ck: Mapping[str, Any], cfg: Mapping[str, Any], task: str)
 def load_model_from_checkpoint(path: str, *, map_location: Any = "cpu", use_ema: bool = True):
     """Rebuild an est.train checkpoint: ``(model in eval mode, CheckpointInfo)``.
 
-    The model comes from the checkpoint's resolved ``config["model"]``
-    (:func:`est.train.build_model_from_config`), with the EMA weights when
-    present and ``use_ema`` (what the trainer evaluates), else the raw weights.
+    The model is :func:`est.train.load_trained_model`'s (the checkpoint's
+    resolved ``config["model"]``, EMA weights when present and ``use_ema``).
     """
-    from omegaconf import OmegaConf
+    from est.train import load_trained_model
 
-    from est.train.checkpoint import load_checkpoint
-    from est.train.config import TrainConfig
-    from est.train.trainer import build_model_from_config
-
-    ck = load_checkpoint(path, map_location=map_location)
-    if not isinstance(ck, dict) or "config" not in ck or "model" not in ck:
-        keys = sorted(ck) if isinstance(ck, dict) else type(ck).__name__
-        raise ValueError(f"{path} is not an est.train checkpoint (needs 'config' and 'model'; has {keys}). "
-                         "Fix: pass model=... and normalizers=... to ESTCalculator instead.")
-    cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), ck["config"])
-    model = build_model_from_config(cfg)
-    ema = ck.get("ema")
-    state = ema["module"] if (use_ema and isinstance(ema, dict) and "module" in ema) else ck["model"]
-    model.load_state_dict(state)
-    model.eval()
+    try:
+        model, ck = load_trained_model(path, map_location=map_location, use_ema=use_ema)
+    except ValueError as err:
+        raise ValueError(f"{err}. Fix: pass model=... and normalizers=... to ESTCalculator instead.") from None
     plain = ck["config"]
     data = plain.get("data") or {}
     task = str(data.get("task", "unknown"))

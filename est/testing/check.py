@@ -10,7 +10,7 @@ Model loading protocol (:func:`load_model_for_check`), imported lazily so this
 module works before the backbone and the trainer exist:
 
 * ``--config NAME``: ``est.models.build_model(name=NAME, **overrides)``;
-* ``--checkpoint PATH``: ``est.train.load_model_from_checkpoint(PATH, map_location=device)``
+* ``--checkpoint PATH``: ``est.train.load_trained_model(PATH, map_location=device)``
   if est.train provides it (returning the model or a dict with ``"model"``), else
   est.train's checkpoint format: ``est.train.checkpoint.load_checkpoint`` gives
   ``{"config", "model", "ema"}``, the model is ``est.train.trainer.build_model_from_config(config)``
@@ -104,43 +104,13 @@ def load_model_for_check(
 
 
 def _load_checkpoint(path: str, *, device: str, use_ema: bool):
-    """``est.train.load_model_from_checkpoint`` when it exists, else est.train's checkpoint format:
-    ``{"config": TrainConfig, "model": state_dict, "ema": {"module": state_dict} | None}``."""
-    try:
-        from est.train import load_model_from_checkpoint  # lazy: optional entry point
-    except ImportError:
-        load_model_from_checkpoint = None
-    if load_model_from_checkpoint is not None:
-        model = load_model_from_checkpoint(path, map_location=device)
-        if isinstance(model, dict):
-            if "model" not in model:
-                raise ModelLoadError(f"load_model_from_checkpoint returned a dict without 'model' (keys {sorted(model)})")
-            model = model["model"]
-        return model
-    try:
-        from omegaconf import OmegaConf
+    """:func:`est.train.load_trained_model` with its errors as :class:`ModelLoadError`."""
+    from est.train import load_trained_model
 
-        from est.train.checkpoint import load_checkpoint
-        from est.train.config import TrainConfig
-        from est.train.trainer import build_model_from_config
-    except ImportError as err:
-        raise ModelLoadError(
-            "est.train (load_checkpoint, TrainConfig, build_model_from_config) is not available in this checkout "
-            f"({err}); use --factory module:function to build the model yourself"
-        ) from err
     try:
-        ck = load_checkpoint(path, map_location=device)
-    except (OSError, RuntimeError) as err:
+        return load_trained_model(path, map_location=device, use_ema=use_ema)[0]
+    except (OSError, RuntimeError, ValueError) as err:
         raise ModelLoadError(str(err)) from err
-    if not isinstance(ck, dict) or "config" not in ck or "model" not in ck:
-        keys = sorted(ck) if isinstance(ck, dict) else type(ck).__name__
-        raise ModelLoadError(f"{path} is not an est.train checkpoint (needs 'config' and 'model'; has {keys})")
-    cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), ck["config"])
-    model = build_model_from_config(cfg)
-    ema = ck.get("ema")
-    state = ema["module"] if (use_ema and isinstance(ema, dict) and "module" in ema) else ck["model"]
-    model.load_state_dict(state)
-    return model
 
 
 def builtin_sample(name: str):

@@ -23,7 +23,8 @@ _EXPORTS = {
     "optim": ["CosineWarmup", "build_optimizer", "param_groups"],
     "sampler": ["GlobalBatchSampler", "split_balanced"],
     "tasks": ["QM9Task", "S2EFTask", "IS2RETask", "build_task"],
-    "trainer": ["Trainer", "NonFiniteLossError", "build_model_from_config", "evaluate_checkpoint"],
+    "trainer": ["Trainer", "NonFiniteLossError", "build_model_from_config", "evaluate_checkpoint", "load_trained_model",
+                "model_state"],
 }
 _WHERE = {name: mod for mod, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

@@ -101,6 +101,29 @@ def build_model_from_config(cfg: Any) -> nn.Module:
         raise
 
 
+def model_state(ck: Dict[str, Any], use_ema: bool = True) -> Dict[str, Any]:
+    """The weights a checkpoint is evaluated with: the EMA copy when present and ``use_ema``, else the raw ones."""
+    ema = ck.get("ema")
+    return ema["module"] if (use_ema and isinstance(ema, dict) and "module" in ema) else ck["model"]
+
+
+def load_trained_model(path: str, *, map_location: Any = "cpu", use_ema: bool = True):
+    """Rebuild a trained model from an est.train checkpoint: ``(model in eval mode, checkpoint dict)``.
+
+    The model comes from the checkpoint's resolved ``config["model"]``
+    (:func:`build_model_from_config`, so ``model._target_`` works too) with
+    :func:`model_state`'s weights. Raises ``ValueError`` for a file that is not
+    an est.train checkpoint.
+    """
+    ck = load_checkpoint(path, map_location=map_location)
+    if not isinstance(ck, dict) or "config" not in ck or "model" not in ck:
+        keys = sorted(ck) if isinstance(ck, dict) else type(ck).__name__
+        raise ValueError(f"{path} is not an est.train checkpoint (needs 'config' and 'model'; has {keys})")
+    model = build_model_from_config(OmegaConf.merge(OmegaConf.structured(TrainConfig), ck["config"]))
+    model.load_state_dict(model_state(ck, use_ema))
+    return model.eval(), ck
+
+
 def _set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
@@ -522,9 +545,8 @@ class Trainer:
         best_path = os.path.join(self.run_dir, "best.pt")
         module = self.eval_module()
         if os.path.isfile(best_path):
-            ck = load_checkpoint(best_path)
             module = build_model_from_config({"model": self.model_cfg}).to(self.device)
-            module.load_state_dict(ck["ema"]["module"] if ck.get("ema") else ck["model"])
+            module.load_state_dict(model_state(load_checkpoint(best_path)))
         results: Dict[str, Dict[str, float]] = {}
         preds: Dict[str, Dict[str, np.ndarray]] = {}
         for s in t.final_splits:
@@ -586,7 +608,7 @@ def evaluate_checkpoint(cfg: DictConfig, overrides: Sequence[str] = (), *, datas
     task.load_state_dict(ck["normalizers"])
     task.to(info.device)
     module = build_model_from_config(ecfg).to(info.device)
-    module.load_state_dict(ck["ema"]["module"] if ck.get("ema") else ck["model"])
+    module.load_state_dict(model_state(ck))
     ds = datasets if datasets is not None else build_datasets(ecfg.data, info, splits=tuple(ecfg.eval_splits))
     # a light Trainer-like evaluator
     ev = Trainer.__new__(Trainer)
