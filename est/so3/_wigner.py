@@ -224,6 +224,14 @@ def wigner_D_from_angles(
     out = out.index_copy(-1, t.dense, flat) if out.dim() == 1 else out.index_copy(out.dim() - 1, t.dense, flat)
     return out.unflatten(-1, (K, K))
 
+@functools.lru_cache(maxsize=None)
+def _quarter_turn(lmax: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``Q = R_x(pi/2)`` and ``D(Q)^T`` (constants of :func:`wigner_D`'s near-pole path, built once)."""
+    with torch.no_grad():
+        Q = rotation_x(torch.tensor(math.pi / 2, dtype=dtype, device=device))  # [3, 3]
+        return Q, wigner_D_from_angles(lmax, *matrix_to_angles(Q)).transpose(-1, -2).contiguous()  # [K, K]
+
+
 def wigner_D(lmax: int, R: torch.Tensor) -> torch.Tensor:
     """Real Wigner-D ``[B, K, K]`` (block diagonal) for rotations ``R [B, 3, 3]``.
 
@@ -250,10 +258,9 @@ def wigner_D(lmax: int, R: torch.Tensor) -> torch.Tensor:
     near = (w[..., 0] ** 2 + w[..., 2] ** 2) < 1e-2  # sin(beta) < 0.1
     if not bool(near.any()):
         return wigner_D_from_angles(lmax, *matrix_to_angles(R))
-    Q = rotation_x(torch.tensor(math.pi / 2, dtype=R.dtype, device=R.device))  # [3, 3]
+    Q, DQt = _quarter_turn(lmax, R.dtype, R.device)  # [3, 3], [K, K]
     R_safe = torch.where(near[..., None, None], R @ Q, R)
     D = wigner_D_from_angles(lmax, *matrix_to_angles(R_safe))  # [..., K, K]
-    DQt = wigner_D_from_angles(lmax, *matrix_to_angles(Q)).transpose(-1, -2)  # [K, K]
     flat = D.reshape(-1, *D.shape[-2:])
     idx = near.reshape(-1).nonzero().squeeze(-1)
     fixed = flat.index_select(0, idx) @ DQt  # [n_near, K, K]
