@@ -153,14 +153,29 @@ class EquiformerV2Backbone(nn.Module):
         )
 
     def forward(self, pos, atomic_numbers, batch, cell=None, pbc=None):
-        cfg = self.config
         self.check_atomic_numbers(atomic_numbers)
         frame = self.build_frame(pos, atomic_numbers, batch, cell, pbc)
-        N = pos.shape[0]
-        x = pos.new_zeros(N, num_coefficients(cfg.lmax), cfg.channels)  # [N, K, C]
-        x = torch.cat([self.atom_embedding(atomic_numbers)[:, None], x[:, 1:]], dim=1)
+        return self.layers(frame, atomic_numbers, batch), frame
+
+    def run_on_edges(self, atomic_numbers, edge_index, edge_vec, batch) -> torch.Tensor:
+        """Node features ``[N, K, C]`` on given edges (``edge_vec = pos[src] - pos[dst]``, ``[E, 3]``)
+        instead of the radius graph: graphs whose edges are part of the input."""
+        cfg = self.config
+        self.check_atomic_numbers(atomic_numbers)
+        frame = build_edge_frame(
+            edge_index, edge_vec, lmax=cfg.lmax, mmax=cfg.mmax, num_nodes=atomic_numbers.shape[0],
+            radial_basis=self.radial, atomic_numbers=atomic_numbers,
+        )
+        return self.layers(frame, atomic_numbers, batch)
+
+    def layers(self, frame: EdgeFrame, atomic_numbers, batch) -> torch.Tensor:
+        """Embeddings and the ``num_layers`` blocks on a built frame: ``[N, K, C]`` after the final norm."""
+        cfg = self.config
+        emb = self.atom_embedding(atomic_numbers)  # [N, C]
+        higher = emb.new_zeros(emb.shape[0], num_coefficients(cfg.lmax) - 1, cfg.channels)  # [N, K-1, C]
+        x = torch.cat([emb[:, None], higher], dim=1)  # [N, K, C]
         x = x + self.edge_degree(frame)  # [N, K, C]
         for attention, update in zip(self.attention_blocks, self.update_blocks):
             x = attention(x, frame, batch)
             x = update(x, batch)
-        return self.final_norm(x), frame
+        return self.final_norm(x)

@@ -1,0 +1,261 @@
+"""Expressivity study: est's layers vs an e3nn tensor-product model on the
+synthetic tasks of :mod:`est.testing.expressivity` (resumable).
+
+Rows: EquiformerV2 (``update="ffn"``), the EST default block, the EST paper
+preset, spherical experts only, and an e3nn TFN/NequIP-style model; all one
+layer unless the task varies depth, same width ``--channels``.
+
+* ``rotsym``: L = 1..6 x fold in {2, 3, 5, 10}, equivariant readout;
+* ``kchain`` (k = 4): layers 1..k+1 at L = ``--kchain-lmax``, invariant readout;
+* ``counterexample``: body order 2 / 3 / 4 (chiral), one layer, invariant
+  readout, at L = ``--counter-lmax``;
+* equivariance of each model's pooled features on the rotsym graphs (float64,
+  at initialisation): is a "success" where exact models must fail an artefact?
+
+Protocol: :func:`est.testing.expressivity.train_classifier` (Adam lr 1e-4,
+100 epochs, fresh weights per seed). Each (cell, seed) is one job; results go
+to ``benchmarks/results/expressivity.json`` after every job, so a killed run
+resumes where it stopped. Seeds are run in passes (``--seed-passes``), so a
+short sitting gives a complete table with fewer seeds first.
+
+    python benchmarks/study_expressivity.py --workers 2          # the full study
+    python benchmarks/study_expressivity.py --table              # print the tables only
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, print_table  # noqa: E402
+
+OUT = RESULTS / "expressivity.json"
+MODELS = {
+    "eqv2 (ffn)": dict(kind="est", update="ffn", preset="default"),
+    "EST default": dict(kind="est", update="est", preset="default"),
+    "EST paper": dict(kind="est", update="est", preset="paper"),
+    "spherical only": dict(kind="est", update="spherical", preset="default"),
+    "e3nn TP": dict(kind="tp"),
+}
+FOLDS = (2, 3, 5, 10)
+LMAXES = (1, 2, 3, 4, 5, 6)
+
+
+def build(model: str, *, lmax: int, num_layers: int, readout: str, channels: int, task):
+    from est.testing.expressivity import est_classifier, tensor_product_classifier
+
+    spec = MODELS[model]
+    common = dict(lmax=lmax, num_layers=num_layers, readout=readout, channels=channels,
+                  avg_degree=task.mean_degree, cutoff=max(2.0, 1.5 * task.max_edge_length))
+    if spec["kind"] == "tp":
+        return tensor_product_classifier(**common)
+    return est_classifier(update=spec["update"], preset=spec["preset"], **common)
+
+
+def cells(args) -> list[dict]:
+    out = []
+    for model in args.models:
+        for L in LMAXES:
+            for fold in FOLDS:
+                out.append(dict(task="rotsym", params=dict(fold=fold), model=model, lmax=L, layers=1))
+        for layers in range(1, args.kchain_k + 2):
+            out.append(dict(task="kchain", params=dict(k=args.kchain_k), model=model, lmax=args.kchain_lmax,
+                            layers=layers))
+        for params in (dict(body=2), dict(body=3), dict(body=4, chiral=True)):
+            out.append(dict(task="counterexample", params=params, model=model, lmax=args.counter_lmax, layers=1))
+    return out
+
+
+def key(cell: dict) -> str:
+    p = ",".join(f"{k}={v}" for k, v in sorted(cell["params"].items()))
+    return f"{cell['task']}[{p}]|{cell['model']}|L={cell['lmax']}|layers={cell['layers']}"
+
+
+def run_job(cell: dict, seed: int, channels: int, epochs: int, lr: float) -> dict:
+    torch.set_num_threads(1)
+    from est.testing.expressivity import make_task, train_classifier
+
+    task = make_task(cell["task"], **cell["params"])
+    t0 = time.perf_counter()
+    res = train_classifier(
+        lambda: build(cell["model"], lmax=cell["lmax"], num_layers=cell["layers"], readout=task.readout,
+                      channels=channels, task=task),
+        task, seeds=[seed], epochs=epochs, lr=lr,
+    )
+    return dict(seed=seed, accuracy=res["per_seed"][0], final=res["final_per_seed"][0],
+                seconds=time.perf_counter() - t0)
+
+
+def equivariance_error(model_name: str, *, lmax: int, fold: int, channels: int, rotations: int = 4) -> float:
+    """max over rotations of ||f(RG) - D(R) f(G)|| / ||f(G)|| for the pooled features (float64, init, eval)."""
+    from torch_geometric.data import Batch
+
+    from est.so3 import random_rotation, wigner_D
+    from est.testing.expressivity import make_task
+
+    torch.manual_seed(0)
+    task = make_task("rotsym", fold=fold)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # e3nn builds its coupling tables in the default dtype
+    try:
+        model = build(model_name, lmax=lmax, num_layers=1, readout="equivariant", channels=channels, task=task)
+    finally:
+        torch.set_default_dtype(default)
+    model = model.double().eval()
+    gen = torch.Generator().manual_seed(1)
+    worst = 0.0
+    with torch.no_grad():
+        for g in task.graphs:
+            b = Batch.from_data_list([g])
+            f = model.features(b).sum(0)  # [K, C] or [dim]
+            for _ in range(rotations):
+                R = random_rotation(1, dtype=torch.float64, generator=gen)[0]  # [3, 3]
+                rb = b.clone()
+                rb.pos = b.pos @ R.T
+                fr = model.features(rb).sum(0)
+                D = wigner_D(lmax, R)  # [K, K], block diagonal in l
+                if MODELS[model_name]["kind"] == "tp":  # e3nn layout: (mul, 2l+1) blocks
+                    D = torch.block_diag(*[
+                        torch.kron(torch.eye(mul, dtype=R.dtype), D[ir.l ** 2:(ir.l + 1) ** 2, ir.l ** 2:(ir.l + 1) ** 2])
+                        for mul, ir in model.irreps_out
+                    ])
+                ref = D @ f
+                worst = max(worst, float((fr - ref).norm() / f.norm()))
+    return worst
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else dict(cells={}, equivariance={}, config={})
+
+
+def save(data: dict, path: Path) -> None:
+    path.parent.mkdir(exist_ok=True, parents=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def summary(entry: dict) -> tuple[float, float, int]:
+    acc = [r["accuracy"] for r in entry["runs"]]
+    if not acc:
+        return math.nan, math.nan, 0
+    m = sum(acc) / len(acc)
+    return m, math.sqrt(sum((a - m) ** 2 for a in acc) / len(acc)), len(acc)
+
+
+def fmt(entry: dict | None) -> str:
+    if not entry or not entry["runs"]:
+        return "-"
+    m, s, n = summary(entry)
+    return f"{m:.0f} ± {s:.0f}" + ("" if n >= 10 else f" (n={n})")
+
+
+def tables(data: dict) -> str:
+    cells_ = data["cells"]
+    models = [m for m in MODELS if any(e["cell"]["model"] == m for e in cells_.values())]
+    out = []
+
+    def find(task, params, model, L, layers):
+        return cells_.get(key(dict(task=task, params=params, model=model, lmax=L, layers=layers)))
+
+    rows = []
+    for model in models:
+        for L in LMAXES:
+            row = {"model": model, "L": L}
+            for fold in FOLDS:
+                row[f"fold {fold}"] = fmt(find("rotsym", dict(fold=fold), model, L, 1))
+            eq = data["equivariance"].get(f"{model}|L={L}")
+            row["equiv. error (init)"] = f"{eq:.1e}" if eq is not None else "-"
+            rows.append(row)
+    out.append(print_table(rows, ["model", "L"] + [f"fold {f}" for f in FOLDS] + ["equiv. error (init)"],
+                           "rotsym: accuracy (%) of one layer, equivariant readout, mean ± std over seeds"))
+    cfg = data.get("config", {})
+    k = cfg.get("kchain_k", 4)
+    rows = []
+    for model in models:
+        row = {"model": model}
+        for layers in range(1, k + 2):
+            row[f"{layers} layers"] = fmt(find("kchain", dict(k=k), model, cfg.get("kchain_lmax", 2), layers))
+        rows.append(row)
+    out.append(print_table(rows, ["model"] + [f"{n} layers" for n in range(1, k + 2)],
+                           f"kchain (k={k}, L={cfg.get('kchain_lmax', 2)}): accuracy (%), invariant readout"))
+    rows = []
+    L = cfg.get("counter_lmax", 4)
+    for model in models:
+        rows.append({
+            "model": model,
+            "2-body": fmt(find("counterexample", dict(body=2), model, L, 1)),
+            "3-body": fmt(find("counterexample", dict(body=3), model, L, 1)),
+            "4-body chiral": fmt(find("counterexample", dict(body=4, chiral=True), model, L, 1)),
+        })
+    out.append(print_table(rows, ["model", "2-body", "3-body", "4-body chiral"],
+                           f"counterexamples (one layer, L={L}): accuracy (%), invariant readout"))
+    return "\n\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--seed-passes", type=int, nargs="+", default=[3, 10],
+                    help="run seeds 0..a-1 for every cell, then up to b, ...")
+    ap.add_argument("--epochs", type=int, default=100)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--channels", type=int, default=16)
+    ap.add_argument("--kchain-k", type=int, default=4)
+    ap.add_argument("--kchain-lmax", type=int, default=2)
+    ap.add_argument("--counter-lmax", type=int, default=4)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--table", action="store_true", help="print the tables from the JSON and exit")
+    args = ap.parse_args()
+    data = load(args.out)
+    if args.table:
+        tables(data)
+        return
+    config = dict(epochs=args.epochs, lr=args.lr, channels=args.channels, kchain_k=args.kchain_k,
+                  kchain_lmax=args.kchain_lmax, counter_lmax=args.counter_lmax)
+    if data["config"] and data["config"] != config:
+        sys.exit(f"{args.out} was made with {data['config']}; pass the same options or move the file away")
+    data["config"] = config
+    torch.set_num_threads(1)
+    for model in args.models:  # cheap: equivariance at init on the task graphs
+        for L in LMAXES:
+            k = f"{model}|L={L}"
+            if k not in data["equivariance"]:
+                data["equivariance"][k] = equivariance_error(model, lmax=L, fold=max(2, L), channels=args.channels)
+                save(data, args.out)
+    all_cells = cells(args)
+    for c in all_cells:
+        data["cells"].setdefault(key(c), dict(cell=c, runs=[]))
+    passes = sorted(set(min(p, args.seeds) for p in args.seed_passes) | {args.seeds})
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        for upto in passes:
+            jobs = {}
+            for c in all_cells:
+                done = {r["seed"] for r in data["cells"][key(c)]["runs"]}
+                for seed in range(upto):
+                    if seed not in done:
+                        fut = pool.submit(run_job, c, seed, args.channels, args.epochs, args.lr)
+                        jobs[fut] = (key(c), seed)
+            print(f"pass up to {upto} seeds: {len(jobs)} jobs", flush=True)
+            for i, fut in enumerate(as_completed(jobs), 1):
+                k, seed = jobs[fut]
+                data["cells"][k]["runs"].append(fut.result())
+                data["cells"][k]["runs"].sort(key=lambda r: r["seed"])
+                save(data, args.out)
+                if i % 20 == 0:
+                    print(f"  {i}/{len(jobs)} done", flush=True)
+    tables(data)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+r"""Train a fresh classifier per seed on a task and report its accuracy.
+
+Protocol (Joshi et al. 2023, with fresh weights per seed): Adam, cross-entropy,
+batch of one graph, the task's graphs are the training, validation and test
+set; ``ReduceLROnPlateau`` on validation accuracy. After every epoch the model
+is evaluated (``eval()`` mode) on all graphs; a seed's accuracy is the test
+accuracy at the epoch of best validation accuracy (the first such epoch), and
+the final-epoch accuracy is kept too. ``torch.manual_seed(seed)`` is set
+before ``model_factory()``, so weights are re-initialised for every seed and a
+run is deterministic for a given seed on CPU.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from torch import nn
+from torch_geometric.data import Batch
+
+from .tasks import Task
+
+__all__ = ["train_classifier", "evaluate_accuracy"]
+
+
+def _as_batch(graphs, dtype: torch.dtype) -> Batch:
+    b = Batch.from_data_list(list(graphs))
+    b.pos = b.pos.to(dtype)
+    return b
+
+
+def _logits(model: nn.Module, batch: Batch, num_classes: int) -> torch.Tensor:
+    out = model(batch)
+    if not isinstance(out, torch.Tensor) or out.shape != (batch.num_graphs, num_classes):
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(
+            f"model_factory's model must map a Batch of {batch.num_graphs} graph(s) to logits "
+            f"[{batch.num_graphs}, {num_classes}] (the task's num_classes), got {got}"
+        )
+    return out
+
+
+@torch.no_grad()
+def evaluate_accuracy(model: nn.Module, task: Task, *, dtype: torch.dtype = torch.float32) -> float:
+    """Percentage of the task's graphs classified correctly (``eval()`` mode)."""
+    was_training = model.training
+    model.eval()
+    batch = _as_batch(task.graphs, dtype)
+    pred = _logits(model, batch, task.num_classes).argmax(dim=-1)  # [B]
+    model.train(was_training)
+    return 100.0 * float((pred == batch.y.view(-1)).double().mean())
+
+
+def _train_one(model_factory, task: Task, seed: int, epochs: int, lr: float, dtype: torch.dtype,
+               stop_at_perfect: bool) -> dict:
+    torch.manual_seed(seed)
+    model = model_factory()
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model_factory() must return a torch.nn.Module, got {type(model).__name__}")
+    model = model.to(dtype)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("model_factory's model has no trainable parameters (requires_grad=True)")
+    start = [p.detach().clone() for p in params]
+    opt = torch.optim.Adam(params, lr=lr)
+    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="max", factor=0.9, patience=5, min_lr=1e-5)
+    order = torch.Generator().manual_seed(seed)
+    batches = [_as_batch([g], dtype) for g in task.graphs]
+    best_val, best_epoch = -1.0, -1
+    acc = 0.0
+    for epoch in range(epochs):
+        model.train()
+        for i in torch.randperm(len(batches), generator=order).tolist():
+            loss = nn.functional.cross_entropy(_logits(model, batches[i], task.num_classes), batches[i].y.view(-1))
+            if not torch.isfinite(loss):
+                raise ValueError(f"non-finite loss at epoch {epoch} (seed {seed}): lower lr or check the model")
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        acc = evaluate_accuracy(model, task, dtype=dtype)  # val = test = the task's graphs
+        sched.step(acc)
+        if acc > best_val:
+            best_val, best_epoch = acc, epoch
+        if stop_at_perfect and acc == 100.0:
+            break  # the best-validation accuracy cannot change any more
+    if all(torch.equal(p0, p.detach()) for p0, p in zip(start, params)):
+        raise ValueError(
+            "the model's parameters did not change during training: check that forward() uses them and that "
+            "gradients reach them (e.g. no torch.no_grad / detach in forward)"
+        )
+    return dict(accuracy=best_val, best_epoch=best_epoch, final_accuracy=acc)
+
+
+def train_classifier(
+    model_factory: Callable[[], nn.Module],
+    task: Task,
+    *,
+    seeds: int | list[int] = 10,
+    epochs: int = 100,
+    lr: float = 1e-4,
+    dtype: torch.dtype = torch.float32,
+    stop_at_perfect: bool = True,
+) -> dict:
+    """Train ``model_factory()`` afresh for each seed on ``task``.
+
+    Args:
+        model_factory: returns a new ``nn.Module`` mapping a PyG ``Batch`` to
+            logits ``[B, task.num_classes]``; called after ``torch.manual_seed(seed)``.
+        seeds: a count (seeds ``0..n-1``) or an explicit list.
+        epochs, lr: Adam steps are ``epochs * len(task.graphs)``.
+        dtype: floating dtype of the model and positions.
+        stop_at_perfect: stop a seed once validation accuracy is 100% (its reported
+            accuracy cannot change after that; ``final_per_seed`` is then at the stop).
+
+    Returns:
+        ``{"mean", "std", "per_seed", "final_per_seed", "seeds"}``: accuracies in
+        percent (std is the population standard deviation over seeds).
+    """
+    if not isinstance(task, Task):
+        raise ValueError(f"task must be an est.testing.expressivity.Task (make_task(...)), got {type(task).__name__}")
+    seed_list = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
+    if not seed_list:
+        raise ValueError("train_classifier needs at least one seed")
+    if epochs < 1 or not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise ValueError(f"train_classifier: epochs must be >= 1 and lr a finite number > 0, got {epochs}, {lr}")
+    runs = [_train_one(model_factory, task, s, epochs, lr, dtype, stop_at_perfect) for s in seed_list]
+    acc = torch.tensor([r["accuracy"] for r in runs], dtype=torch.float64)
+    return dict(
+        mean=float(acc.mean()),
+        std=float(acc.std(unbiased=False)),
+        per_seed=[r["accuracy"] for r in runs],
+        final_per_seed=[r["final_accuracy"] for r in runs],
+        seeds=seed_list,
+    )
