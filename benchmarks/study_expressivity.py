@@ -61,16 +61,17 @@ def build(model: str, *, lmax: int, num_layers: int, readout: str, channels: int
 
 
 def cells(args) -> list[dict]:
+    """Every (task, model) cell; models vary fastest, so a partial run covers all rows evenly."""
     out = []
-    for model in args.models:
-        for L in LMAXES:
-            for fold in FOLDS:
-                out.append(dict(task="rotsym", params=dict(fold=fold), model=model, lmax=L, layers=1))
-        for layers in range(1, args.kchain_k + 2):
-            out.append(dict(task="kchain", params=dict(k=args.kchain_k), model=model, lmax=args.kchain_lmax,
-                            layers=layers))
-        for params in (dict(body=2), dict(body=3), dict(body=4, chiral=True)):
-            out.append(dict(task="counterexample", params=params, model=model, lmax=args.counter_lmax, layers=1))
+    for params in (dict(body=2), dict(body=3), dict(body=4, chiral=True)):
+        out += [dict(task="counterexample", params=params, model=m, lmax=args.counter_lmax, layers=1)
+                for m in args.models]
+    for layers in range(1, args.kchain_k + 2):
+        out += [dict(task="kchain", params=dict(k=args.kchain_k), model=m, lmax=args.kchain_lmax, layers=layers)
+                for m in args.models]
+    for L in LMAXES:
+        for fold in FOLDS:
+            out += [dict(task="rotsym", params=dict(fold=fold), model=m, lmax=L, layers=1) for m in args.models]
     return out
 
 
@@ -158,10 +159,14 @@ def fmt(entry: dict | None) -> str:
     return f"{m:.0f} ± {s:.0f}" + ("" if n >= 10 else f" (n={n})")
 
 
-def tables(data: dict) -> str:
+def tables(data: dict, *, echo: bool = True) -> dict[str, str]:
+    """Markdown tables ``{"rotsym", "kchain", "counterexample"}`` from the study's JSON."""
+    def table(rows, cols, title):
+        return print_table(rows, cols, title) if echo else _markdown(rows, cols)
+
     cells_ = data["cells"]
     models = [m for m in MODELS if any(e["cell"]["model"] == m for e in cells_.values())]
-    out = []
+    out = {}
 
     def find(task, params, model, L, layers):
         return cells_.get(key(dict(task=task, params=params, model=model, lmax=L, layers=layers)))
@@ -175,8 +180,8 @@ def tables(data: dict) -> str:
             eq = data["equivariance"].get(f"{model}|L={L}")
             row["equiv. error (init)"] = f"{eq:.1e}" if eq is not None else "-"
             rows.append(row)
-    out.append(print_table(rows, ["model", "L"] + [f"fold {f}" for f in FOLDS] + ["equiv. error (init)"],
-                           "rotsym: accuracy (%) of one layer, equivariant readout, mean ± std over seeds"))
+    out["rotsym"] = table(rows, ["model", "L"] + [f"fold {f}" for f in FOLDS] + ["equiv. error (init)"],
+                          "rotsym: accuracy (%) of one layer, equivariant readout, mean ± std over seeds")
     cfg = data.get("config", {})
     k = cfg.get("kchain_k", 4)
     rows = []
@@ -185,8 +190,8 @@ def tables(data: dict) -> str:
         for layers in range(1, k + 2):
             row[f"{layers} layers"] = fmt(find("kchain", dict(k=k), model, cfg.get("kchain_lmax", 2), layers))
         rows.append(row)
-    out.append(print_table(rows, ["model"] + [f"{n} layers" for n in range(1, k + 2)],
-                           f"kchain (k={k}, L={cfg.get('kchain_lmax', 2)}): accuracy (%), invariant readout"))
+    out["kchain"] = table(rows, ["model"] + [f"{n} layers" for n in range(1, k + 2)],
+                          f"kchain (k={k}, L={cfg.get('kchain_lmax', 2)}): accuracy (%), invariant readout")
     rows = []
     L = cfg.get("counter_lmax", 4)
     for model in models:
@@ -196,9 +201,14 @@ def tables(data: dict) -> str:
             "3-body": fmt(find("counterexample", dict(body=3), model, L, 1)),
             "4-body chiral": fmt(find("counterexample", dict(body=4, chiral=True), model, L, 1)),
         })
-    out.append(print_table(rows, ["model", "2-body", "3-body", "4-body chiral"],
-                           f"counterexamples (one layer, L={L}): accuracy (%), invariant readout"))
-    return "\n\n".join(out)
+    out["counterexample"] = table(rows, ["model", "2-body", "3-body", "4-body chiral"],
+                                  f"counterexamples (one layer, L={L}): accuracy (%), invariant readout")
+    return out
+
+
+def _markdown(rows: list[dict], cols: list[str]) -> str:
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    return "\n".join(lines + ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows])
 
 
 def main() -> None:

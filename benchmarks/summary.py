@@ -12,14 +12,15 @@ Reads what the benchmark scripts wrote (nothing is re-measured):
   stored tables.
 
 Writes ``benchmarks/results/SUMMARY.md`` (every table, with its source) and
-``benchmarks/results/plots/*.png``. With ``--readme``, the README blocks
+``benchmarks/results/plots/*.png``. With ``--docs``, the blocks in README.md and docs/results.md
 between ``<!-- summary:NAME -->`` and ``<!-- /summary:NAME -->`` are replaced
 by the tables named NAME (``accuracy-qm9``, ``accuracy-emt``,
 ``accuracy-equivariance``, ``ablation-qm9``, ``ablation-emt``, and the same
 with a ``grid18-`` prefix for ``accuracy_grid18.json``), so the README shows
-exactly what the JSON holds.
+exactly what the JSON holds; ``expressivity.json`` (``study_expressivity.py``)
+gives the blocks ``expressivity-rotsym``, ``-kchain`` and ``-counterexample``.
 
-    python benchmarks/summary.py [--readme] [--no-plots]
+    python benchmarks/summary.py [--docs] [--no-plots]
 """
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 README = HERE.parent / "README.md"
+#: pages whose ``<!-- summary:NAME -->`` blocks ``--docs`` re-renders
+PAGES = (README, HERE.parent / "docs" / "results.md")
 
 #: the models of the main comparison, in table order (the rest are ablations)
 MAIN = ["fairchem", "est-ffn", "est-default"]
@@ -104,9 +107,6 @@ def accuracy_tables(acc: dict[str, Any]) -> dict[str, str]:
                     if ratios:
                         row[f"{PRIMARY[data]} / fairchem (per seed)"] = (
                             " ".join(f"{x:.2f}" for x in ratios) + (f" ({wins}/{len(ratios)} lower)" if model != "fairchem" else ""))
-                    if kind == "accuracy":  # ablations ran later, under a different machine load: no time ratio
-                        t_base = statistics.fmean(r["ms_per_step"] for r in base)
-                        row["step time / fairchem"] = f"{statistics.fmean(r['ms_per_step'] for r in recs) / t_base:.2f}"
                 rows.append(row)
             if kind == "accuracy":
                 mp = per_model[names[0]][0]["metrics"]
@@ -207,7 +207,8 @@ def replace_blocks(text: str, blocks: dict[str, str]) -> tuple[str, list[str]]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--readme", action="store_true", help="also replace the summary blocks in README.md")
+    p.add_argument("--docs", "--readme", dest="docs", action="store_true",
+                   help="also replace the summary blocks in README.md and docs/results.md")
     p.add_argument("--no-plots", action="store_true")
     args = p.parse_args(argv)
     sections: list[str] = ["# Benchmark summary", "", "Rendered by `python benchmarks/summary.py` from `benchmarks/results/*.json`."]
@@ -229,6 +230,14 @@ def main(argv=None) -> int:
             continue
         tables = d["tables"].values() if isinstance(d["tables"], dict) else d["tables"]
         sections += ["", f"## {name} (`{script}`)"] + [f"\n{t}" for t in tables]
+    expr = load("expressivity")
+    if expr:
+        sys.path.insert(0, str(HERE))
+        from study_expressivity import tables as expressivity_tables
+
+        for name, tbl in expressivity_tables(expr, echo=False).items():
+            blocks[f"expressivity-{name}"] = tbl
+            sections += ["", f"## expressivity-{name} (`study_expressivity.py`)", "", tbl]
     gpu = load("vs_fairchem_gpu_s2ef")
     if gpu and gpu.get("table"):
         sections += ["", "## vs_fairchem_gpu_s2ef (`gpu_s2ef.py`)", "", gpu["table"]]
@@ -242,12 +251,16 @@ def main(argv=None) -> int:
         written += plot_speed(vs, plots) if vs else []
         for w in written:
             print(f"[summary] wrote {w}")
-    if args.readme:
-        text, done = replace_blocks(README.read_text(), blocks)
-        README.write_text(text)
+    if args.docs:
+        done: list[str] = []
+        for page in PAGES:
+            text, page_done = replace_blocks(page.read_text(), blocks)
+            page.write_text(text)
+            done += page_done
+            print(f"[summary] {page.name}: blocks replaced: {', '.join(page_done) or 'none'}")
         missing = sorted(set(blocks) - set(done))
-        print(f"[summary] README blocks replaced: {', '.join(done) or 'none'}"
-              + (f"; no README block for: {', '.join(missing)}" if missing else ""))
+        if missing:
+            print(f"[summary] no block on any page for: {', '.join(missing)}")
     return 0
 
 
