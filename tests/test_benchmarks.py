@@ -76,7 +76,7 @@ def test_accuracy_tables_pair_seeds_and_ratios(bench_modules):
     main = t["accuracy-qm9"]
     # per-seed ratios are paired by seed, not by order: seed 1 -> 60/120, seed 0 -> 110/100
     assert "0.50 1.10 (1/2 lower)" in main
-    assert "| 0.50 |" in main  # step time ratio 100 / 200
+    assert "step time" not in main  # per-run step times on a shared machine are noise: not reported
     assert "85 ± 35" in main  # mean ± sd of 60 and 110
     assert "mean predictor" in main and "1000" in main
     assert "est EST, ST on t=4 (S=12)" in t["ablation-qm9"]
