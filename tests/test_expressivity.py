@@ -88,6 +88,7 @@ def test_chiral_pair_is_a_mirror_image_with_every_unsigned_descriptor_equal():
         ("kchain", dict(k=1), "k must be an integer >= 2"),
         ("counterexample", dict(body=5), "body must be 2, 3 or 4"),
         ("counterexample", dict(body=2, chiral=True), "chiral= applies to body=4"),
+        ("counterexample", dict(body=4, chiral=False), "chiral=False is not available"),
         ("rotsym", dict(folds=3), "unexpected keyword"),
     ],
 )

@@ -31,8 +31,8 @@ Pozdnyakov et al. 2020 ("Incompleteness of atomic structure representations").
     Every distance and angle multiset of every order agrees; only a signed
     four-body quantity such as :math:`(r_1 \times r_2)\cdot r_3` separates them,
     which SO(3)- (not O(3)-) invariant models can represent.
-  - ``body=4, chiral=False``: two non-mirror environments with identical
-    multisets of neighbour triples (see :data:`FOUR_BODY_SETS`).
+  - ``body=4, chiral=False`` is not shipped (no non-mirror 4-body-degenerate
+    pair found among n-gon subsets or polyhedron vertices): a clear error.
 
 Positions are float64, in Angstrom-like units of order 1. :func:`descriptors`
 computes the b-body multisets so tests can check each pair by construction.
@@ -151,11 +151,6 @@ def _circle(positions: list[int], n: int) -> list[list[float]]:
     return [[math.cos(2 * math.pi * p / n), math.sin(2 * math.pi * p / n), 0.0] for p in positions]
 
 
-#: 4-body-degenerate (non-chiral) pair: subsets of the n-gon with identical
-#: multisets of neighbour triples up to rotation and reflection of the circle.
-FOUR_BODY_SETS: tuple[int, list[int], list[int]] | None = None
-
-
 def _chiral_environment() -> list[list[float]]:
     # three neighbours at different distances, not coplanar with the centre
     return [[1.0, 0.0, 0.0], [0.2, 1.3, 0.0], [0.3, 0.4, 1.6]]
@@ -176,10 +171,11 @@ def _counterexample(body: int = 2, chiral: bool | None = None) -> Task:
         a = _chiral_environment()
         b = [[-x, y, z] for x, y, z in a]  # mirror image
     else:
-        if FOUR_BODY_SETS is None:
-            raise NotImplementedError("counterexample body=4 chiral=False: no 4-body-degenerate non-chiral pair shipped")
-        n, sa, sb = FOUR_BODY_SETS
-        a, b = _circle(sa, n), _circle(sb, n)
+        raise ValueError(
+            "counterexample body=4 chiral=False is not available: we ship no non-mirror pair with identical "
+            "4-body multisets (none exists among subsets of regular n-gons, n <= 28, or of the icosahedron, "
+            "cuboctahedron and dodecahedron vertices); use chiral=True or body=3"
+        )
     graphs = [_graph(*_star(a), label=0), _graph(*_star(b), label=1)]
     m = len(a)
     perms = [[0] + [1 + i for i in p] for p in itertools.permutations(range(m))]
