@@ -62,7 +62,7 @@ def _train_one(model_factory, task: Task, seed: int, epochs: int, lr: float, dty
     if not params:
         raise ValueError("model_factory's model has no trainable parameters (requires_grad=True)")
     start = [p.detach().clone() for p in params]
-    opt = torch.optim.Adam(params, lr=lr)
+    opt = torch.optim.Adam(params, lr=lr, foreach=True)
     sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="max", factor=0.9, patience=5, min_lr=1e-5)
     order = torch.Generator().manual_seed(seed)
     batches = [_as_batch([g], dtype) for g in task.graphs]
