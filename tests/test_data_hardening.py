@@ -159,6 +159,18 @@ def test_nonfinite_positions_and_cell_name_file_key_and_ids(tmp_path):
         next(iter(loader))
 
 
+def test_finite_samples_leaves_out_bad_inputs_with_one_warning(tmp_path):
+    from est.data.sample import finite_samples
+
+    recs = [Data(pos=torch.randn(3, 3), atomic_numbers=torch.tensor([1, 1, 8]), y=0.0, sid=i) for i in range(4)]
+    recs[2].pos[0, 0] = float("inf")
+    f = tmp_path / "stats.lmdb"
+    _raw_lmdb(f, recs)
+    with pytest.warns(UserWarning, match=r"1 of 4 samples left out .*stats\.lmdb key b'2': sample \(idx 2, sid 2\)"):
+        got = list(finite_samples(LmdbDataset(f), range(4)))
+    assert [int(s.sid) for s in got] == [0, 1, 3]
+
+
 def test_atomic_numbers_missing_nonintegral_or_nan(tmp_path):
     with pytest.raises(ValueError, match=r"atomic_numbers\[1\] = 6.4 is not a whole number"):
         make_sample(pos=np.zeros((2, 3)), atomic_numbers=[1.0, 6.4])

@@ -33,14 +33,15 @@ a non-finite loss, which the trainer skips (``trainer.max_bad_batches``).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional
+import warnings
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 import numpy as np
 import torch
 from torch_geometric.data import Data
 
 __all__ = ["SAMPLE_FIELDS", "ALWAYS_FIELDS", "INPUT_FLOAT_FIELDS", "NonFiniteInputError", "make_sample", "as_tensor",
-           "check_finite_inputs"]
+           "check_finite_inputs", "finite_samples"]
 
 #: every field a sample may carry (CONVENTIONS.md)
 SAMPLE_FIELDS = (
@@ -219,3 +220,22 @@ def make_sample(
         for k, v in extra.items():
             fields[k] = v
     return Data(**fields)
+
+
+def finite_samples(dataset: Any, indices: Iterable[int]) -> Iterator[Data]:
+    """``dataset[i]`` for each ``i`` in ``indices``, leaving out samples that raise :class:`NonFiniteInputError`.
+
+    For statistics over a training set (normalisers, average degree) that a
+    few corrupt samples must not stop; once exhausted, one warning gives how
+    many were left out and the first one's message (file, key, ids).
+    """
+    total, skipped, first = 0, 0, ""
+    for i in indices:
+        total += 1
+        try:
+            yield dataset[int(i)]
+        except NonFiniteInputError as exc:
+            skipped += 1
+            first = first or str(exc).strip().splitlines()[-1]
+    if skipped:
+        warnings.warn(f"{skipped} of {total} samples left out (NaN/inf input); the first: {first}", stacklevel=2)
