@@ -188,12 +188,17 @@ def test_real_qm9pack_files():
     import glob
 
     files = sorted(glob.glob(os.path.join(qm9pack_data_dir(), "qm9_part*.csv")))
+    from est.data.qm9_formats import QM9PACK_PARTS
+
     assert len(files) == 3
-    # count rows cheaply: one line per molecule
+    # count rows cheaply: one line per molecule; each file is one part of QM9PACK_PARTS (first/last index, count)
     n = 0
-    for f in files:
+    for f, (name, lo, hi, count) in zip(files, QM9PACK_PARTS):
         with open(f, "rb") as fh:
-            n += sum(1 for _ in fh) - 1
+            lines = fh.read().splitlines()
+        assert os.path.basename(f) == name and len(lines) - 1 == count
+        assert lines[1].split(b",")[1] == str(lo).encode() and lines[-1].split(b",")[1] == str(hi).encode()
+        n += count
     assert n == 130_831  # 133,885 minus the 3,054 uncharacterised
     first = next(read_qm9pack_csv(files[:1]))
     assert first.index == 1 and first.z.tolist() == [6, 1, 1, 1, 1]

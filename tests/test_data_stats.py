@@ -48,3 +48,18 @@ def test_dataset_statistics_molecules():
     assert st["avg_num_nodes"] == 3 and st["max_num_nodes"] == 3
     assert abs(st["avg_degree"] - 4 / 3) < 1e-9
     assert st["energy_mean"] == 2.0 and st["energy_std"] == 1.0
+
+
+def test_fits_leave_out_nonfinite_targets():
+    import pytest
+
+    x = torch.tensor([[1.0, 2.0], [3.0, float("nan")], [5.0, 6.0], [float("inf"), 0.0]], dtype=torch.float64)
+    with pytest.warns(UserWarning, match=r"fit_normalizer: 2 of 4 targets are NaN/inf \(rows \[1, 3\]"):
+        n = fit_normalizer(x)
+    assert torch.equal(n.mean, torch.tensor([3.0, 4.0], dtype=torch.float64))  # rows 0 and 2 only
+    zs = [torch.tensor([1, 1]), torch.tensor([1]), torch.tensor([1, 1, 1])]
+    with pytest.warns(UserWarning, match="fit_linear_reference: 1 of 3"):
+        ref = fit_linear_reference(torch.tensor([-2.0, float("nan"), -3.0], dtype=torch.float64), zs)
+    assert torch.allclose(ref.weight[1, 0], torch.tensor(-1.0, dtype=torch.float64))
+    with pytest.raises(ValueError, match="no finite targets"):
+        fit_normalizer(torch.full((3,), float("nan")))

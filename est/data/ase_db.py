@@ -14,6 +14,7 @@ from typing import Any, Optional, Union
 import numpy as np
 from torch.utils.data import Dataset
 
+from .lmdb_io import check_lmdb_file, is_lmdb_file
 from .sample import make_sample
 
 __all__ = ["AseDbDataset", "atoms_to_sample"]
@@ -29,13 +30,13 @@ def _fixed_mask(atoms) -> np.ndarray:
     return mask
 
 
-def atoms_to_sample(atoms, *, energy=None, forces=None, sid=None, fid=None, idx=None, extra=None):
-    """An ``ase.Atoms`` (with optional energy/forces) as a canonical sample."""
+def atoms_to_sample(atoms, *, energy=None, forces=None, sid=None, fid=None, idx=None, extra=None, where=""):
+    """An ``ase.Atoms`` (with optional energy/forces) as a canonical sample (``where`` names it in errors)."""
     cell = np.asarray(atoms.cell.array, dtype=np.float64)
     return make_sample(
         pos=np.asarray(atoms.positions), atomic_numbers=np.asarray(atoms.numbers), cell=cell,
         pbc=np.asarray(atoms.pbc, dtype=bool), fixed=_fixed_mask(atoms), tags=np.asarray(atoms.get_tags()),
-        energy=energy, forces=forces, sid=sid, fid=fid, idx=idx, extra=extra,
+        energy=energy, forces=forces, sid=sid, fid=fid, idx=idx, extra=extra, where=where,
     )
 
 
@@ -52,6 +53,10 @@ class AseDbDataset(Dataset):
         self.path = os.fspath(path)
         if not os.path.exists(self.path):
             raise FileNotFoundError(f"{self.path}: no such ASE database")
+        if os.path.isdir(self.path):
+            raise IsADirectoryError(f"{self.path} is a folder; pass an ASE database file (.db, .json, .aselmdb)")
+        if is_lmdb_file(self.path):  # .aselmdb: a truncated file would crash the reader with SIGBUS
+            check_lmdb_file(self.path)
         self.selection = selection
         self.transform = transform
         db = self._connect()
@@ -121,6 +126,7 @@ class AseDbDataset(Dataset):
             sid=kv.get("sid", rid),
             fid=kv.get("fid", 0),
             idx=int(i),
+            where=f"{self.path} row id {rid}",
         )
         return self.transform(sample) if self.transform is not None else sample
 

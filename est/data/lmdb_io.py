@@ -20,7 +20,10 @@ file fairchem's balanced sampler reads).
 :class:`LmdbDataset` reads both, returning :func:`est.data.sample.make_sample`
 samples. Pickled records go through :mod:`est.data.safe_pickle` unless
 ``trusted=True``. Files are opened read-only without a lock file: a reader
-never modifies or creates anything.
+never modifies or creates anything. Before a file is mapped its size is
+checked against the size its LMDB header says the data needs
+(:func:`check_lmdb_file`): reading past the end of a truncated file (an
+interrupted copy, a full disk) would kill the process with SIGBUS.
 """
 from __future__ import annotations
 
@@ -30,8 +33,9 @@ import json
 import os
 import pickle
 import shutil
+import struct
 import warnings
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import lmdb
 import numpy as np
@@ -44,7 +48,7 @@ from .sample import make_sample
 
 __all__ = [
     "LmdbDataset", "LmdbWriter", "write_lmdb", "DataFileError", "CorruptRecordError",
-    "DEFAULT_KEY_MAP", "record_to_sample",
+    "DEFAULT_KEY_MAP", "record_to_sample", "check_lmdb_file", "is_lmdb_file",
 ]
 
 META_KEY = b"__est_meta__"
@@ -124,7 +128,81 @@ def record_to_sample(
         if name in record and record[name] is not None:
             v = record[name]
             extra[name] = torch.as_tensor(v) if isinstance(v, np.ndarray) else v
-    return make_sample(idx=index, extra=extra, **picked)
+    return make_sample(idx=index, extra=extra, where=where, **picked)
+
+
+# --------------------------------------------------------------------------- file check
+
+#: LMDB meta page (lmdb.h, 64-bit little-endian builds): a 16-byte page header
+#: (pgno u64, pad u16, flags u16, lower u16, upper u16), then MDB_meta: magic
+#: u32, version u32, address u64, mapsize u64, two 48-byte MDB_db records (the
+#: first one's leading u32 holds the page size), last used page u64, txnid u64
+_LMDB_MAGIC = 0xBEEFC0DE
+_META_MAGIC_AT = 16
+_META_PSIZE_AT = 40
+_META_LASTPG_AT = 136
+_META_END = 152
+_PAGE_SIZES = tuple(1 << k for k in range(9, 17))  # 512 .. 65536 bytes
+
+
+def _read_meta(head: bytes, at: int) -> Optional[Tuple[int, int, int]]:
+    """(page size, last used page, txnid) of the meta page at byte ``at``, or None if it is not one."""
+    if len(head) < at + _META_END or struct.unpack_from("<I", head, at + _META_MAGIC_AT)[0] != _LMDB_MAGIC:
+        return None
+    (psize,) = struct.unpack_from("<I", head, at + _META_PSIZE_AT)
+    last_pg, txnid = struct.unpack_from("<QQ", head, at + _META_LASTPG_AT)
+    return psize, last_pg, txnid
+
+
+def _read_head(path: str) -> Tuple[int, Optional[Tuple[int, int, int]], Optional[Tuple[int, int, int]]]:
+    """(file size, meta page 0, meta page 1) of ``path``; a meta is None where there is none."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as fh:
+            meta0 = _read_meta(fh.read(_META_END), 0)
+            if meta0 is None or meta0[0] not in _PAGE_SIZES:
+                return size, meta0, None
+            fh.seek(meta0[0])
+            return size, meta0, _read_meta(fh.read(_META_END), 0)
+    except OSError as exc:
+        raise DataFileError(f"{path}: cannot read ({exc.strerror or exc}); check the path and its permissions") from None
+
+
+def is_lmdb_file(path: str) -> bool:
+    """Whether ``path`` starts with an LMDB meta page (e.g. an ``.aselmdb`` file)."""
+    try:
+        with open(path, "rb") as fh:
+            return _read_meta(fh.read(_META_END), 0) is not None
+    except OSError:
+        return False
+
+
+def check_lmdb_file(path: str) -> int:
+    """Check that LMDB file ``path`` is as long as its header says; return the bytes it needs.
+
+    LMDB keeps two meta pages at the start of the file (pages 0 and 1); the
+    one with the larger transaction id is current, and its last used page
+    ``p`` and page size ``s`` give the size the data needs, ``(p + 1) * s``.
+    A shorter file would be mapped and then crash the reader with SIGBUS on
+    the first access past its end, so it is refused with
+    :class:`DataFileError` naming the file and both sizes.
+    """
+    size, meta0, meta1 = _read_head(path)
+    if meta0 is None or meta0[0] not in _PAGE_SIZES:
+        what = "no LMDB header at the start" if meta0 is None else f"page size {meta0[0]} in its header"
+        raise DataFileError(f"{path}: not an LMDB file ({size:,} bytes, {what}); is it a corrupt or non-LMDB file? "
+                            "Fix: copy the file again or regenerate it")
+    psize = meta0[0]
+    _, last_pg, txnid = max((m for m in (meta0, meta1) if m is not None and m[0] == psize), key=lambda m: m[2])
+    need = max(last_pg + 1, 2) * psize
+    if size < need:
+        raise DataFileError(
+            f"{path}: truncated LMDB file: {size:,} bytes, but its header (transaction {txnid}) says the data fills "
+            f"{max(last_pg + 1, 2):,} pages of {psize} bytes = {need:,} bytes. An interrupted copy or a full disk? "
+            "Reading it would crash the process (SIGBUS). Fix: copy the file again (check free disk space) "
+            "or regenerate it."
+        )
+    return need
 
 
 # --------------------------------------------------------------------------- reading
@@ -162,6 +240,7 @@ def _open_readonly(path: str) -> lmdb.Environment:
     if entry is not None:
         entry[1] += 1
         return entry[0]
+    check_lmdb_file(path)
     try:
         env = lmdb.open(
             path, subdir=False, readonly=True, lock=False, readahead=False,
@@ -191,7 +270,10 @@ def _resolve_files(path: Union[str, os.PathLike]) -> List[str]:
     if os.path.isdir(path):
         files = sorted(glob.glob(os.path.join(path, "*.lmdb")))
         if not files:
-            raise DataFileError(f"{path}: folder contains no *.lmdb files")
+            hint = ""
+            if os.path.isfile(os.path.join(path, "data.mdb")):
+                hint = f"; it holds data.mdb (an LMDB environment folder): pass the file {os.path.join(path, 'data.mdb')}"
+            raise DataFileError(f"{path}: folder contains no *.lmdb files{hint}")
         return files
     return [path]
 
@@ -408,6 +490,16 @@ def _natoms_of(fields: Mapping[str, Any]) -> int:
     return int(pos.shape[0])
 
 
+def _check_writable(fields: Mapping[str, Any], *, index: int, path: str) -> None:
+    """Refuse a sample the reader could not turn back into a sample (no pos/Z, NaN input, bad shapes)."""
+    where = f"{path}: sample {index} (to write)"
+    for required in ("pos", "atomic_numbers"):
+        if all(fields.get(k) is None for k in DEFAULT_KEY_MAP[required]):
+            raise ValueError(f"{where} has no {required!r} (fields: {sorted(fields)}); every OC20 record needs "
+                             f"pos and atomic_numbers. Fix: add {required!r} to the sample")
+    record_to_sample(fields, index=index, where=where)
+
+
 class LmdbWriter:
     """Stream samples into an OC20-layout LMDB file or folder (see module docstring).
 
@@ -415,6 +507,9 @@ class LmdbWriter:
     ``data.NNNN.lmdb`` shards of ``samples_per_shard`` samples each plus
     ``metadata.npz``. Everything is written under a temporary name and moved in
     place by :meth:`close`, so an interrupted write leaves no half database.
+    :meth:`add` refuses (``ValueError``, nothing written) a sample without
+    ``pos``/``atomic_numbers``, with NaN/inf positions or cell
+    (:class:`~est.data.sample.NonFiniteInputError`) or mismatched shapes.
     An existing ``path`` is refused unless ``overwrite=True``.
     Use as a context manager; :meth:`add` returns the sample's global index.
     """
@@ -496,6 +591,7 @@ class LmdbWriter:
         if self._closed:
             raise RuntimeError("writer is closed")
         fields = _sample_fields(sample)
+        _check_writable(fields, index=len(self.natoms), path=self.path)
         n = _natoms_of(fields)
         fields.setdefault("natoms", np.asarray([n], dtype=np.int64))
         if self._env is None or (not self.single and self._in_shard >= self.samples_per_shard):

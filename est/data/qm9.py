@@ -42,7 +42,8 @@ from torch.utils.data import Dataset
 
 from .cache import atomic_savez, cache_key, default_cache_dir, file_signature, is_inside
 from .qm9_formats import (
-    B3LYP_ATOM_ENERGIES, HAR2EV, TARGET_NAMES, TARGET_UNITS, Record, qm9pack_data_dir,
+    B3LYP_ATOM_ENERGIES, HAR2EV, QM9_RELEASE_PART, QM9PACK_PARTS, TARGET_NAMES, TARGET_UNITS, Record,
+    qm9_gaps, qm9pack_data_dir,
     read_pyg_raw, read_qm9pack_csv, read_uncharacterized, read_xyz_folder, read_xyz_tar,
     shipped_uncharacterized, to_pyg_targets,
 )
@@ -139,6 +140,7 @@ class QM9(Dataset):
         self._log(f"QM9: using source '{self.source}' at {self.source_path}")
 
         arrays, self.cache_path = self._load(cache_dir)
+        self._check_complete(arrays["index"])
         self._index = arrays["index"].astype(np.int64)  # gdb index per molecule
         self._natoms_all = arrays["natoms"].astype(np.int64)
         self._offsets = np.concatenate([[0], np.cumsum(self._natoms_all)]).astype(np.int64)
@@ -298,6 +300,25 @@ class QM9(Dataset):
                 path = None
         return arrays, path
 
+    def _check_complete(self, index: np.ndarray) -> None:
+        """Warn (or, for the installed qm9pack, raise) when the source looks like a cut or partial copy.
+
+        See :func:`~est.data.qm9_formats.qm9_gaps`: a part (qm9pack file, or the
+        whole release for the PyG / xyz sources) whose molecules are the first
+        ones of its index range but fewer than it holds was cut; a part with
+        none, next to such copies, is missing. A hand-made selection passes.
+        """
+        parts = QM9PACK_PARTS if self.source == "qm9pack" else QM9_RELEASE_PART
+        gaps = qm9_gaps(index, self._files, parts)
+        if not gaps:
+            return
+        msg = (f"QM9 source {self.source_path} ({self.source}): {len(index):,} molecules loaded, QM9 has {QM9_SIZE:,} "
+               f"(without the 3,054 uncharacterised); " + "; ".join(gaps) + ".")
+        if self.source == "qm9pack" and self.root is None:
+            raise ValueError(msg + " The installed qm9pack is damaged. Fix: pip install --force-reinstall --no-deps qm9pack")
+        warnings.warn(msg + " Fix: copy the source again; to train on part of QM9 on purpose, load all of it "
+                      "and pass subset=N.", stacklevel=3)
+
     def _log(self, msg: str) -> None:
         if self.verbose:
             print(msg, file=sys.stderr)
@@ -370,6 +391,7 @@ class QM9(Dataset):
             sid=int(self._index[row]),
             fid=0,
             idx=int(i),
+            where=f"QM9 {self.source_path} gdb {int(self._index[row])}",
         )
         return self.transform(sample) if self.transform is not None else sample
 

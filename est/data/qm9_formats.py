@@ -24,11 +24,13 @@ QM9's native units into PyG's 19 targets.
 from __future__ import annotations
 
 import csv
+import functools
 import glob
 import io
 import os
 import re
 import tarfile
+import zlib
 from dataclasses import dataclass
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
@@ -40,6 +42,7 @@ __all__ = [
     "to_pyg_targets", "read_qm9pack_csv", "read_pyg_raw", "parse_xyz", "read_xyz_tar",
     "read_xyz_folder", "read_uncharacterized", "shipped_uncharacterized",
     "write_pyg_raw", "format_xyz", "write_xyz_tar", "write_xyz_folder", "qm9pack_data_dir",
+    "QM9_RAW_SIZE", "QM9PACK_PARTS", "QM9_RELEASE_PART", "qm9_gaps",
 ]
 
 HAR2EV = 27.211386246  # CODATA 2018, as PyG
@@ -163,36 +166,129 @@ _QM9PACK_NATIVE_COLUMNS = (
 )
 _STRIP = str.maketrans("", "", "[]'\" ")
 
+#: molecules in the QM9 release (gdb indices 1..133,885)
+QM9_RAW_SIZE = 133_885
+#: qm9pack's files: (name, first gdb index, last gdb index, molecules); together
+#: the 130,831 characterised molecules, sorted by index (checked against the
+#: installed files in tests/test_data_qm9.py)
+QM9PACK_PARTS = (
+    ("qm9_part1.csv", 1, 44_746, 43_610),
+    ("qm9_part2.csv", 44_747, 89_008, 43_611),
+    ("qm9_part3.csv", 89_009, 133_885, 43_610),
+)
+#: the whole release as one part (PyG raw folder, xyz tarball or folder)
+QM9_RELEASE_PART = (("the QM9 release", 1, QM9_RAW_SIZE, 130_831),)
+#: a part whose rows are exactly the first >= this many molecules of a
+#: qm9pack part is taken for a copy of that part (a hand-made selection is not)
+_PART_PREFIX_MIN = 100
+
+
+@functools.lru_cache(maxsize=1)
+def _characterised() -> np.ndarray:
+    """Sorted gdb indices of the 130,831 characterised molecules."""
+    return np.setdiff1d(np.arange(1, QM9_RAW_SIZE + 1), np.fromiter(shipped_uncharacterized(), dtype=np.int64))
+
+
+def qm9_gaps(index: np.ndarray, files: Sequence[str], parts=QM9PACK_PARTS) -> List[str]:
+    """What a QM9 source lacks: one line per cut or missing part (default: qm9pack's three files).
+
+    ``index``: sorted gdb indices loaded. A part whose loaded molecules are the
+    first ones (at least 100) of its index range is a copy of that part; if it
+    has fewer than the part holds, the file was cut (at a row boundary:
+    a cut inside a row is a parse error). When any part is such a copy, a
+    part with no molecules at all is missing. A hand-made selection (no part
+    is a prefix) gives no lines.
+    """
+    index = np.asarray(index, dtype=np.int64)
+    known = _characterised()
+    by_name = {os.path.basename(f): f for f in files}
+    copies, lines = 0, []
+    for name, lo, hi, count in parts:
+        got = index[(index >= lo) & (index <= hi)]
+        part = known[(known >= lo) & (known <= hi)]
+        where = by_name.get(name, f"qm9pack's {name}" if name.endswith(".csv") else name)
+        if len(got) >= min(count, _PART_PREFIX_MIN) and np.array_equal(got, part[: len(got)]):
+            copies += 1
+            if len(got) < count:
+                lines.append(f"{where}: {len(got):,} of {count:,} molecules (gdb {lo}-{int(got[-1])}; it "
+                             f"ends at {hi}): cut short")
+        elif len(got) == 0:
+            state = "has no molecules" if name in by_name else "is missing"
+            lines.append(f"{where} {state} (gdb {lo}-{hi}, {count:,} molecules)")
+    return lines if copies else []
+
+
+def _read_text(path: str) -> str:
+    """The whole file as text; bytes that are not UTF-8 name the file and line."""
+    with open(path, "rb") as fh:
+        data = fh.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ValueError(
+            f"{path}, line {line}: not text (byte {data[exc.start:exc.start + 1]!r} at offset {exc.start} is not "
+            "UTF-8): binary garbage, the file is corrupt. Fix: copy it again (the installed copy: "
+            "pip install --force-reinstall --no-deps qm9pack)"
+        ) from None
+
+
+def _qm9pack_record(row: List[str], col: Dict[str, int], native_cols: List[int]) -> Record:
+    symbols = row[col["Elements"]].translate(_STRIP).split(",")
+    z = np.array([SYMBOL_TO_Z[s] for s in symbols], dtype=np.int64)
+    pos = np.array([float(v) for v in row[col["XYZ_Ang"]].translate(_STRIP).split(",")]).reshape(-1, 3)
+    if pos.shape[0] != z.shape[0]:
+        raise ValueError(f"{pos.shape[0]} positions for {z.shape[0]} elements")
+    native = np.array([float(row[c]) for c in native_cols], dtype=np.float64)
+    return Record(index=int(row[col["Index"]]), z=z, pos=pos, native=native,
+                  smiles=row[col["SMILES"]] if "SMILES" in col else "",
+                  inchi=row[col["InChi"]] if "InChi" in col else "")
+
 
 def read_qm9pack_csv(files: Sequence[str]) -> Iterator[Record]:
-    """Records from qm9pack-format CSV files (``qm9_part*.csv``)."""
+    """Records from qm9pack-format CSV files (``qm9_part*.csv``).
+
+    A malformed row, bytes that are not text, or a last row cut short raise
+    ``ValueError`` naming the file and line.
+    """
     csv.field_size_limit(1 << 26)
     for path in files:
-        with open(path, newline="", encoding="utf-8") as fh:
+        with io.StringIO(_read_text(path), newline="") as fh:
             reader = csv.reader(fh)
             try:
                 header = next(reader)
             except StopIteration:
                 raise ValueError(f"{path}: empty CSV file") from None
+            except csv.Error as exc:
+                raise ValueError(f"{path}, line 1: not a CSV header ({exc})") from None
             col = {name: i for i, name in enumerate(header)}
             missing = [c for c in ("Index", "Elements", "XYZ_Ang", *_QM9PACK_NATIVE_COLUMNS) if c not in col]
             if missing:
                 raise ValueError(f"{path}: not a qm9pack CSV, missing columns {missing}")
             native_cols = [col[c] for c in _QM9PACK_NATIVE_COLUMNS]
-            ie, ix, ii = col["Elements"], col["XYZ_Ang"], col["Index"]
-            for lineno, row in enumerate(reader, start=2):
+            rows = iter(reader)
+            while True:
                 try:
-                    symbols = row[ie].translate(_STRIP).split(",")
-                    z = np.array([SYMBOL_TO_Z[s] for s in symbols], dtype=np.int64)
-                    pos = np.array([float(v) for v in row[ix].translate(_STRIP).split(",")]).reshape(-1, 3)
-                    if pos.shape[0] != z.shape[0]:
-                        raise ValueError(f"{pos.shape[0]} positions for {z.shape[0]} elements")
-                    native = np.array([float(row[c]) for c in native_cols], dtype=np.float64)
-                    yield Record(index=int(row[ii]), z=z, pos=pos, native=native,
-                                 smiles=row[col["SMILES"]] if "SMILES" in col else "",
-                                 inchi=row[col["InChi"]] if "InChi" in col else "")
+                    row = next(rows)
+                except StopIteration:
+                    break
+                except csv.Error as exc:
+                    raise ValueError(f"{path}, line {reader.line_num}: malformed CSV ({exc}); the file is corrupt") from None
+                try:
+                    rec = _qm9pack_record(row, col, native_cols)
                 except (ValueError, KeyError, IndexError) as exc:
-                    raise ValueError(f"{path}, line {lineno}: malformed qm9pack row ({exc})") from None
+                    line = reader.line_num
+                    last = " It is the last line: the file was cut short (an interrupted copy?)." if _at_end(rows) else ""
+                    raise ValueError(f"{path}, line {line}: malformed qm9pack row ({type(exc).__name__}: {exc}).{last}"
+                                     " Fix: copy the file again") from None
+                yield rec
+
+
+def _at_end(rows: Iterator[List[str]]) -> bool:
+    try:
+        return next(rows, None) is None
+    except (csv.Error, ValueError):
+        return False
 
 
 # --------------------------------------------------------------------------- PyG raw
@@ -342,25 +438,37 @@ def parse_xyz(text: str, where: str = "") -> Record:
 
 
 def read_xyz_tar(path: str, *, exclude: Optional[Set[int]] = None) -> Iterator[Record]:
-    """Records from ``dsgdb9nsd.xyz.tar.bz2`` (any tar compression), in archive order."""
+    """Records from ``dsgdb9nsd.xyz.tar.bz2`` (any tar compression), in archive order.
+
+    An archive that ends early (an interrupted download) raises ``ValueError``
+    naming the file and how many molecules were read.
+    """
     exclude = exclude or set()
     try:
         tf = tarfile.open(path, "r:*")
     except (tarfile.TarError, OSError) as exc:
         raise ValueError(f"{path}: cannot open as a tar archive ({exc})") from None
+    read = 0
     with tf:
-        for member in tf:
-            if not member.isfile() or not member.name.endswith(".xyz"):
-                continue
-            m = re.search(r"(\d+)\.xyz$", member.name)
-            if m and int(m.group(1)) in exclude:
-                continue
-            fh = tf.extractfile(member)
-            text = fh.read().decode("utf-8", errors="replace")
+        members = iter(tf)
+        while True:
+            try:
+                member = next(members, None)
+                if member is None:
+                    return
+                if not member.isfile() or not member.name.endswith(".xyz"):
+                    continue
+                m = re.search(r"(\d+)\.xyz$", member.name)
+                if m and int(m.group(1)) in exclude:
+                    continue
+                text = tf.extractfile(member).read().decode("utf-8", errors="replace")
+            except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+                raise ValueError(f"{path}: the archive is cut short or corrupt after {read:,} molecules "
+                                 f"({type(exc).__name__}: {exc}). Fix: download or copy it again") from None
+            read += 1
             rec = parse_xyz(text, where=f"{path}:{member.name}")
-            if rec.index in exclude:
-                continue
-            yield rec
+            if rec.index not in exclude:
+                yield rec
 
 
 def read_xyz_folder(folder: str, *, exclude: Optional[Set[int]] = None) -> Iterator[Record]:

@@ -8,6 +8,7 @@ are saved (and restored) with the model's ``state_dict``.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -87,17 +88,33 @@ def collect_targets(dataset: Any, key: str = "energy", indices: Optional[Sequenc
     return (y[:, 0] if y.shape[1] == 1 else y), zs
 
 
+def _finite_rows(y: torch.Tensor, what: str) -> torch.Tensor:
+    """Mask [M] of rows of ``y`` ([M] or [M, T]) without NaN/inf; warns about the others, raises if none is left."""
+    ok = torch.isfinite(y.reshape(y.shape[0], -1)).all(dim=1) if y.numel() else torch.ones(y.shape[0], dtype=torch.bool)
+    if not bool(ok.any()):
+        raise ValueError(f"{what}: no finite targets to fit (got {y.shape[0]} rows). Fix: check the data's targets")
+    bad = int((~ok).sum())
+    if bad:
+        first = (~ok).nonzero()[:5, 0].tolist()
+        warnings.warn(f"{what}: {bad} of {y.shape[0]} targets are NaN/inf (rows {first}...); they are left out of the fit")
+    return ok
+
+
 def fit_normalizer(values: Any) -> Normalizer:
-    """Normalizer with the mean and (population) std of ``values`` ([M] or [M, T])."""
+    """Normalizer with the mean and (population) std of ``values`` ([M] or [M, T]); NaN/inf rows are left out."""
     v = torch.as_tensor(values, dtype=torch.float64)
+    v = v[_finite_rows(v, "fit_normalizer")]
     std = v.std(dim=0, unbiased=False)
     return Normalizer(v.mean(dim=0), torch.where(std > 0, std, torch.ones_like(std)))
 
 
 def fit_linear_reference(targets: Any, atomic_numbers: Sequence[torch.Tensor], *, max_z: int = 100) -> LinearReference:
-    """Least-squares per-element references (no intercept); unseen elements get 0."""
+    """Least-squares per-element references (no intercept); unseen elements get 0; NaN/inf rows are left out."""
     y = torch.as_tensor(targets, dtype=torch.float64)
     Y = y[:, None] if y.dim() == 1 else y  # [M, T]
+    ok = _finite_rows(Y, "fit_linear_reference")
+    Y = Y[ok]
+    atomic_numbers = [z for z, keep in zip(atomic_numbers, ok.tolist()) if keep]
     counts = np.zeros((len(atomic_numbers), max_z + 1))
     for g, z in enumerate(atomic_numbers):
         np.add.at(counts[g], np.asarray(z, dtype=np.int64), 1.0)
