@@ -255,6 +255,8 @@ def test_errors():
         radius_graph(P, 2.0, batch=torch.zeros(4, dtype=torch.long))
     with pytest.raises(ValueError, match="sorted"):
         radius_graph(P, 2.0, batch=torch.tensor([0, 1, 0, 1, 1]))
+    with pytest.raises(ValueError, match="refers to graph 1000000000000 but there are only 5 atoms"):
+        radius_graph(P, 2.0, batch=torch.tensor([0, 0, 0, 0, 10**12]))  # refused before allocating 1e12 counters
     with pytest.raises(ValueError, match="graph 1 has no atoms"):
         radius_graph(P, 2.0, batch=torch.tensor([0, 0, 2, 2, 2]))
     sing = torch.tensor([[[3.0, 0, 0], [6.0, 0, 0], [0, 0, 3.0]]], dtype=DT)

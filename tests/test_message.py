@@ -9,8 +9,11 @@ import math
 
 import pytest
 import torch
+from torch_geometric.data import Data
 
+import est.data.graph as graph
 from est.data.graph import radius_graph
+from est.models import build_model
 from est.nn.activations import GateActivation, S2GridActivation, SeparableS2Activation, SmoothLeakyReLU
 from est.nn.attention import AttentionConfig, SO2GraphAttention, attention_num_parameters, segment_softmax
 from est.nn.edge_embedding import EdgeDegreeEmbedding
@@ -323,6 +326,95 @@ def test_output_continuous_when_an_edge_crosses_the_cutoff():
     assert jump(None, 1e-8) > 1e-4
 
 
+def test_layers_without_edges():
+    """Atoms beyond the cutoff of each other: E = 0, messages are empty (exact zeros), no crash."""
+    pos = torch.tensor([[0.0, 0.0, 0.0], [10.0, 0.0, 0.0], [0.0, 20.0, 0.0]])
+    z = torch.tensor([1, 6, 8])
+    f = make_frame(pos, z, basis())
+    assert f.num_edges == 0 and f.D_m.shape == (0, sum(m_major_index(L, M).shape), num_coefficients(L))
+    conv = SO2Convolution(lmax=L, mmax=M, in_channels=3, out_channels=5, radial_channels=NB, extra_m0_channels=2)
+    y, extra = conv(torch.zeros(0, f.D_m.shape[1], 3), f.edge_scalars)
+    assert y.shape == (0, f.D_m.shape[1], 5) and extra.shape == (0, 2)
+    att = attention().eval()
+    out = att(torch.randn(3, num_coefficients(L), C), f)  # only the output projection's l = 0 bias remains
+    assert torch.equal(out[:, 1:], torch.zeros_like(out[:, 1:]))
+    assert torch.equal(out[:, 0], att.proj.bias.expand(3, -1))
+    ede = EdgeDegreeEmbedding(lmax=L, mmax=M, channels=C, edge_scalar_channels=NB, edge_channels=7, num_elements=10,
+                              avg_degree=2.0)
+    assert torch.equal(ede(f), torch.zeros(3, num_coefficients(L), C))
+
+
+# --------------------------------------------------------------------------- chart switch of the edge frame
+# edge_rotation uses a second chart for edges within ~26 deg of -y (u_y < _SWITCH = -0.9); the two charts
+# differ by a roll about the edge. SO(2) convolutions are exactly roll-equivariant; the separable S2
+# activation samples an equiangular grid with res_alpha longitudes, so a roll aliases orders m -> m +- res_alpha
+# and the output can jump when a bond crosses the cone. We measure the jump as the difference between the two
+# charts at the same geometry (moving the boundary across the bond), a tiny random float64 model, 5 atoms,
+# one bond on the cone at 3 azimuths. "sharpness" s evaluates SiLU(s f)/s on the grid: the amplitudes a trained
+# model feeds the activation (the aliasing grows like a power of the amplitude).
+CONE_ATOMS = torch.tensor([[1.1, 0.2, -0.4], [-0.9, 0.5, 0.8], [0.3, -1.2, 1.0]])
+
+
+def cone_molecule(phi, uy=-0.9):
+    s = math.sqrt(1 - uy * uy)
+    bond = 1.3 * torch.tensor([s * math.cos(phi), uy, s * math.sin(phi)])
+    pos = torch.cat([torch.zeros(1, 3), bond[None], CONE_ATOMS])
+    return Data(pos=pos, atomic_numbers=torch.tensor([6, 8, 1, 7, 1]))
+
+
+def chart_gap(model, monkeypatch, uy=-0.9):
+    """max over azimuths of |E(chart +) - E(chart -)| and max |F(+) - F(-)| at the same geometry."""
+    dE = dF = 0.0
+    for phi in (0.3, 1.9, 4.0):
+        data = cone_molecule(phi, uy)
+        outs = []
+        for switch in (uy - 0.02, uy + 0.02):  # boundary below the bond: chart +; above it: chart -
+            monkeypatch.setattr(graph, "_SWITCH", switch)
+            outs.append(model(data))
+        dE = max(dE, (outs[0]["energy"] - outs[1]["energy"]).abs().item())
+        dF = max(dF, (outs[0]["forces"] - outs[1]["forces"]).abs().max().item())
+    monkeypatch.undo()
+    return dE, dF
+
+
+def cone_model(resolution, sharpness=1.0, lmax=3):
+    """eqv2-tiny (direct forces, envelope) with the given attention grid; seed 0."""
+    torch.manual_seed(0)
+    model = build_model("eqv2-tiny", grid_resolution=resolution, lmax=lmax, regress_forces="direct",
+                        envelope="polynomial").eval()
+    for mod in model.modules():
+        if isinstance(mod, S2GridActivation) and sharpness != 1.0:
+            mod.register_forward_pre_hook(lambda m, args: (args[0] * sharpness,))
+            mod.register_forward_hook(lambda m, args, out: out / sharpness)
+    return model
+
+
+def test_the_two_charts_differ_by_a_roll_on_the_cone(monkeypatch):
+    u = cone_molecule(0.3).pos[1:2] / 1.3  # [1, 3] the bond on the cone
+    R = []
+    for switch in (-0.92, -0.88):
+        monkeypatch.setattr(graph, "_SWITCH", switch)
+        R.append(graph.edge_rotation(u)[0])
+    assert (R[0] - R[1]).abs().max() > 0.1  # the frames really differ (the test below is not vacuous)
+    roll = R[0] @ R[1].T  # a rotation about the pole y
+    assert (roll @ torch.tensor([0.0, 1.0, 0.0]) - torch.tensor([0.0, 1.0, 0.0])).abs().max() < 1e-14
+
+
+@pytest.mark.parametrize(
+    "resolution, sharpness, max_dE, max_dF",
+    [
+        ((10, 9), 1.0, 1e-14, 4e-11),  # measured dE 8.9e-16 (round-off), dF 3.4e-12 (|E| 7e-2, |F| 2e-2)
+        ((10, 9), 10.0, 1.5e-11, 6e-9),  # measured dE 1.5e-12, dF 5.6e-10
+        ((18, 18), 10.0, 1e-14, 1e-14),  # EquiformerV2's grid: measured dE 2.8e-17, dF 2.2e-17 (round-off)
+    ],
+)
+def test_energy_jump_when_a_bond_crosses_the_chart_cone(resolution, sharpness, max_dE, max_dF, monkeypatch):
+    dE, dF = chart_gap(cone_model(resolution, sharpness), monkeypatch)
+    assert dE < max_dE and dF < max_dF, (dE, dF)
+    if resolution == (10, 9) and sharpness > 1:
+        assert dF > 1e-12  # the coarse grid does alias: the measurement sees the chart switch
+
+
 def test_segment_softmax_normalised_and_weighted():
     logits = torch.randn(6, 2)
     index = torch.tensor([0, 0, 1, 1, 1, 3])
@@ -379,6 +471,24 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="mmax"):
         AttentionConfig(lmax=2, mmax=3, channels=1, hidden_channels=1, num_heads=1, alpha_channels=1,
                         value_channels=1, output_channels=1, edge_scalar_channels=1, edge_channels=1)
+    with pytest.raises(TypeError, match=r"torch.float32 but the weights are torch.float64.*module.float\(\)"):
+        att(torch.randn(pos.shape[0], K, C, dtype=torch.float32), f)
     with pytest.raises(ValueError, match="exactly one"):
         build_edge_frame(f.edge_index, torch.randn(f.num_edges, 3), lmax=L, mmax=M, num_nodes=pos.shape[0])
     assert isinstance(f, EdgeFrame)
+
+
+if __name__ == "__main__":  # PYTHONPATH=. python tests/test_message.py: the chart-switch jumps at each grid
+    torch.set_default_dtype(DT)
+    torch.set_num_threads(1)
+    mp = pytest.MonkeyPatch()
+    for res, lmax in [((10, 9), 3), ((12, 11), 3), ((18, 18), 3), ((14, 13), 6), ((18, 18), 6)]:
+        for s in (1.0, 3.0, 10.0, 30.0):
+            model = cone_model(res, s, lmax)
+            dE, dF = chart_gap(model, mp)
+            data = cone_molecule(0.3, uy=-0.5)  # for scale: the energy's rotation error, same model
+            e = model(data)["energy"]
+            rot = max((model(Data(pos=data.pos @ R.T, atomic_numbers=data.atomic_numbers))["energy"] - e).abs().item()
+                      for R in random_rotation(3, generator=torch.Generator().manual_seed(1)))
+            print(f"grid {res[0]}x{res[1]} L={lmax} sharpness {s:4.0f}: |dE| = {dE:.1e}  max|dF| = {dF:.1e}  "
+                  f"(|E| = {e.abs().item():.1e}, rotation error of E = {rot:.1e})")

@@ -234,3 +234,64 @@ def test_degree_scaling_names():
     x = torch.zeros(1, 9, 1, dtype=torch.float64)
     x[0, 0, 0] = 1.0  # l = 0 only: n_0 = 1/sqrt(L+1)
     torch.testing.assert_close(scaled.to_sphere(x), plain.to_sphere(x) / 3**0.5)
+
+
+# --------------------------------------------------------------------------- hardening (issue 13)
+def test_empty_input_returns_empty():
+    block = ESTBlock(lmax=2, channels=8)
+    x = torch.zeros(0, 9, 8)
+    for mode in (block.eval(), block.train()):
+        assert mode(x).shape == (0, 9, 8)
+        assert mode(x, torch.zeros(0, dtype=torch.long)).shape == (0, 9, 8)  # train: no grid rotation to draw
+    assert GraphDropPath(0.5).train()(x, torch.zeros(0, dtype=torch.long)).shape == (0, 9, 8)
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [
+        lambda: ESTBlock(lmax=2, channels=8),
+        lambda: SteerableFFN(lmax=2, channels=8),
+        lambda: SphericalTransformer(lmax=2, channels=8),
+    ],
+)
+def test_dtype_mismatch_names_both_dtypes_and_the_cast(layer):
+    module = layer().eval()
+    with pytest.raises(TypeError, match=r"input is torch.float64 but the weights are torch.float32.*module.double\(\)"):
+        module(torch.randn(3, 9, 8, dtype=torch.float64))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # mixed precision is not a mismatch
+        assert torch.isfinite(module(torch.randn(3, 9, 8))).all()
+
+
+@pytest.mark.parametrize(
+    "build, match",
+    [
+        (lambda: ESTBlock(lmax=2, channels=0), "ESTBlockConfig: channels must be an integer >= 1, got 0"),
+        (lambda: ESTBlock(lmax=2, channels=-4), "ESTBlockConfig: channels must be an integer >= 1, got -4"),
+        (lambda: ESTBlock(lmax=2, channels=8, ffn_hidden_channels=0), "ffn_hidden_channels must be an integer >= 1"),
+        (lambda: ESTBlock(lmax=2, channels=8, num_heads=0), "num_heads must be an integer >= 1"),
+        (lambda: SteerableFFN(lmax=2, channels=0), "SteerableFFNConfig: channels must be an integer >= 1"),
+        (lambda: SphericalTransformer(lmax=2, channels=0), "SphericalTransformerConfig: channels must be"),
+        (lambda: SphericalTransformer(lmax=2, channels=8, num_experts=0), "num_experts must be an integer >= 1"),
+    ],
+)
+def test_non_positive_sizes_refused(build, match):
+    with pytest.raises(ValueError, match=match):
+        build()
+
+
+@pytest.mark.parametrize("batch, match", [([0, -1, 0], r"in \[-1, 0\]; expected 0..N-1 = 0..2"),
+                                          ([0, 0, 10**9], r"in \[0, 1000000000\]; expected 0..N-1"),
+                                          ([0.0, 0.0, 1.0], "integer")])
+def test_train_mode_graph_index_out_of_range(batch, match):
+    block = ESTBlock(lmax=2, channels=8).train()  # the per-graph grid rotation indexes by batch
+    with pytest.raises(ValueError, match=match):
+        block(torch.randn(3, 9, 8), torch.tensor(batch))
+
+
+def test_float16_warns_and_overflow_is_an_error_naming_bfloat16():
+    block = ESTBlock(lmax=3, channels=8, num_steerable_experts=0).eval().half()
+    with pytest.warns(RuntimeWarning, match="float16.*bfloat16 is the supported low precision"):
+        assert torch.isfinite(block(30 * torch.randn(2, 16, 8).half())).all()
+    # grid values of ~1e4 features overflow float16 (max 65504); measured: finite at 3e3, NaN at 1e4 (L=3)
+    with pytest.warns(RuntimeWarning), pytest.raises(FloatingPointError, match="float16 overflow.*bfloat16"):
+        block(1e4 * torch.randn(2, 16, 8).half())

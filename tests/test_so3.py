@@ -145,6 +145,28 @@ def test_wigner_bad_input():
         wigner_D(2, torch.eye(4))
 
 
+@pytest.mark.parametrize(
+    "R, match",
+    [
+        (2 * torch.eye(3), r"R\[1\] is not a rotation: max\|R R\^T - I\| = 3, det R = 8"),
+        (torch.diag(torch.tensor([1.0, 1.0, -1.0])), r"R\[1\] is a reflection \(det < 0\)"),
+        (torch.full((3, 3), float("nan")), r"R\[1\] is not a rotation.*nan"),
+    ],
+)
+def test_wigner_refuses_non_rotations_and_names_the_fix(R, match):
+    Rs = torch.cat([torch.eye(3)[None], R[None]])  # the bad matrix second: the message names its index
+    with pytest.raises(ValueError, match=match) as err:
+        wigner_D(2, Rs)
+    assert "torch.linalg.svd" in str(err.value) and "1 of 2 matrices" in str(err.value)
+    assert wigner_D(2, Rs, check=False).shape == (2, 9, 9)  # callers that build R themselves skip the check
+
+
+def test_wigner_accepts_rotations_rounded_to_float32():
+    R = random_rotation(64, dtype=torch.float64).float()  # orthogonal to ~1e-7
+    assert torch.isfinite(wigner_D(4, R)).all()
+    assert torch.isfinite(wigner_D(4, (R * 1e6).round() / 1e6)).all()  # six printed decimals
+
+
 def test_m_major_layout_roundtrip_and_truncation():
     lmax, mmax = 6, 2
     idx = m_major_index(lmax, mmax)

@@ -1,11 +1,19 @@
 import math
+import warnings
 
 import pytest
 import torch
 from e3nn import o3
 
 from est.so3 import random_rotation, spherical_harmonics, wigner_D
-from est.sphere import SphericalFourierTransform, default_num_points, fibonacci_points, sphere_points
+from est.sphere import (
+    SphericalFourierTransform,
+    default_num_points,
+    fibonacci_points,
+    sphere_points,
+    transform_matrices,
+)
+from est.sphere.transform import round_trip_error
 
 EXACT = [("gauss-legendre", {}), ("equiangular", {}), ("design", {})]
 
@@ -127,3 +135,47 @@ def test_bad_shapes():
         sft.to_sphere(torch.randn(3, 10, 2))
     with pytest.raises(ValueError, match="from_sphere"):
         sft.from_sphere(torch.randn(3, 10, 2))
+
+
+def test_fibonacci_too_few_points_refused_and_small_lattices_warn():
+    with pytest.raises(ValueError, match=r"20 points cannot hold the K = \(lmax\+1\)\^2 = 49.*num_points >= 49"):
+        SphericalFourierTransform(6, kind="fibonacci", num_points=20)
+    # K <= S < (2L+1)(2L+2): accepted with a warning that states the measured round-trip error
+    with pytest.warns(RuntimeWarning, match=r"60 points at lmax=6.*off by 0.25 of \|x\|.*\(2L\+1\)\(2L\+2\) = 182"):
+        sft = SphericalFourierTransform(6, kind="fibonacci", num_points=60)
+    A, B = sft._masters["to_matrix"], sft._masters["from_matrix"]
+    assert abs(round_trip_error(A, B) - 0.25) < 0.01  # measured 0.252
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the paper's sizes (error 0.02-0.13) do not warn
+        for lmax in range(9):
+            SphericalFourierTransform(lmax, kind="fibonacci", normalization="column")
+
+
+def test_empty_batch_transforms_to_empty(float64):
+    sft = SphericalFourierTransform(3, kind="design")
+    f = sft.to_sphere(torch.zeros(0, 16, 4))
+    assert f.shape == (0, sft.num_points, 4)
+    assert sft.from_sphere(f).shape == (0, 16, 4)
+
+
+@pytest.mark.parametrize(
+    "kind, normalization, exact",
+    [("fibonacci", "quadrature", True), ("design", "column", True), ("fibonacci", "column", False),
+     ("fibonacci", "lambda", False)],
+)
+def test_grid_rotation_by_conjugation_vs_rebuilt_on_rotated_points(kind, normalization, exact, float64):
+    """Conjugating by D equals rebuilding the transform on rotated points only for quadrature (and
+    normalisations whose column norms are rotation invariant, as on a design); the released code's
+    column normalisation on the Fibonacci lattice is conjugated, not rebuilt (module docstring)."""
+    lmax = 6
+    points, weights = sphere_points(kind, lmax)
+    A, B = transform_matrices(lmax, points, weights, normalization)
+    worst = 0.0
+    for R in random_rotation(2, generator=torch.Generator().manual_seed(3)):
+        D = wigner_D(lmax, R[None])[0]
+        A_rot, B_rot = transform_matrices(lmax, points @ R.T, weights, normalization)
+        worst = max(worst, float((A_rot - A @ D.T).norm() / A_rot.norm()), float((B_rot - D @ B).norm() / B_rot.norm()))
+    if exact:
+        assert worst < 1e-13  # measured ~2e-15
+    else:
+        assert 3e-3 < worst < 5e-2  # measured 8e-3 (column), 1.6e-2 (lambda)

@@ -17,6 +17,7 @@ from .stats import (
 )
 from .generate import EMTConfig, default_emt_dataset, generate as generate_emt
 from .cache import default_cache_dir
+from .graph import Graph, radius_graph
 
 __all__ = [
     "SAMPLE_FIELDS", "ALWAYS_FIELDS", "make_sample",
@@ -28,4 +29,5 @@ __all__ = [
     "Normalizer", "LinearReference", "fit_normalizer", "fit_linear_reference", "collect_targets",
     "dataset_statistics", "EMTConfig", "default_emt_dataset", "generate_emt",
     "default_cache_dir",
+    "radius_graph", "Graph",
 ]

@@ -3,7 +3,7 @@ from .backbone import EquiformerV2Backbone
 from .config import ModelConfig
 from .heads import DirectForceHead, ScalarHead
 from .model import EquiformerV2
-from .registry import MODEL_CONFIGS, build_model, model_config
+from .registry import MODEL_CONFIGS, build_model, list_models, model_config
 
 __all__ = [
     "EquiformerV2",
@@ -13,5 +13,6 @@ __all__ = [
     "DirectForceHead",
     "MODEL_CONFIGS",
     "build_model",
+    "list_models",
     "model_config",
 ]

@@ -5,6 +5,8 @@ import dataclasses
 import warnings
 from dataclasses import dataclass
 
+from ..nn.grid import check_positive
+
 __all__ = ["ModelConfig", "UPDATES", "FORCE_MODES"]
 
 UPDATES = ("ffn", "est", "spherical")
@@ -84,6 +86,20 @@ class ModelConfig:
     property_reduce: str = "sum"
 
     def __post_init__(self) -> None:
+        check_positive(
+            self,
+            ("num_layers", "channels", "attn_hidden_channels", "num_heads", "attn_alpha_channels",
+             "attn_value_channels", "ffn_hidden_channels", "edge_channels", "num_radial"),
+            owner="ModelConfig",
+        )
+        if isinstance(self.max_num_elements, bool) or not isinstance(self.max_num_elements, int) or self.max_num_elements < 2:
+            raise ValueError(
+                f"ModelConfig.max_num_elements must be an integer >= 2, got {self.max_num_elements!r}: it is the size "
+                "of the element table indexed by atomic number, so use 1 + the largest Z in your data "
+                "(EquiformerV2: 90)"
+            )
+        if not self.cutoff > 0:
+            raise ValueError(f"ModelConfig.cutoff must be > 0 (Angstrom), got {self.cutoff!r}")
         if self.update not in UPDATES:
             raise ValueError(f"ModelConfig.update must be one of {UPDATES}, got {self.update!r}")
         if self.regress_forces not in FORCE_MODES:

@@ -30,6 +30,64 @@ def _get(data, name):
     return getattr(data, name, None) if name in data else None
 
 
+def _atomic_numbers(data, num_atoms: int) -> torch.Tensor:
+    """``data.atomic_numbers`` as long ``[N]``; integral floats (OC20 LMDBs store Z as float) are accepted."""
+    z = _get(data, "atomic_numbers")
+    if z is None:
+        hint = " (it has 'z': set data.atomic_numbers = data.z)" if _get(data, "z") is not None else ""
+        raise ValueError(
+            f"the batch has no atomic_numbers{hint}; every sample needs atomic_numbers, a long tensor [N] of "
+            "Z per atom (docs/CONVENTIONS.md)"
+        )
+    if not isinstance(z, torch.Tensor) or z.dim() != 1 or z.shape[0] != num_atoms:
+        shape = tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__
+        raise ValueError(f"batch.atomic_numbers must be a 1-D tensor [N={num_atoms}] (one Z per atom), got {shape}")
+    if z.dtype == torch.bool or z.is_complex():
+        raise TypeError(f"batch.atomic_numbers must be integers (torch.long), got {z.dtype}")
+    if z.is_floating_point():
+        frac = (z != torch.round(z)) | ~torch.isfinite(z)
+        if bool(frac.any()):
+            i = int(frac.nonzero()[0])
+            raise ValueError(
+                f"batch.atomic_numbers holds the non-integer value {float(z[i]):g} at atom {i}; atomic numbers are "
+                "whole numbers: pass a long tensor (integral floats such as 6.0 are accepted and converted)"
+            )
+    return z.long()
+
+
+def _periodicity(data, cfg: ModelConfig, dtype) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(cell [B, 3, 3] | None, pbc bool [B, 3] | None)``; ``ValueError`` for pbc without a cell."""
+    cell, pbc = _get(data, "cell"), _get(data, "pbc")
+    if pbc is not None:
+        pbc = torch.as_tensor(pbc).view(-1, 3).bool()
+    if cell is not None:
+        cell = cell.view(-1, 3, 3).to(dtype)
+    if cfg.use_pbc and pbc is not None and bool(pbc.any()):
+        if cell is None:
+            raise ValueError(
+                "batch.pbc is True but the batch has no cell: a periodic structure needs its lattice vectors "
+                "(batch.cell [B, 3, 3], rows); for a molecule set pbc to all False (or use_pbc=False in the model)"
+            )
+        zero_rows = pbc.to(cell.device) & (cell.detach().abs().sum(-1) == 0)  # [B, 3] periodic but zero vector
+        if bool(zero_rows.any()):
+            g, d = (int(v) for v in zero_rows.nonzero()[0])
+            raise ValueError(
+                f"graph {g} is periodic along lattice vector {d} (pbc={pbc[g].tolist()}) but that cell row is zero; "
+                "give the lattice vectors in batch.cell, or set pbc to False along directions without one"
+            )
+    return cell, pbc
+
+
+def _check_dtype(pos: torch.Tensor, model: nn.Module) -> None:
+    w = next(model.parameters())
+    if pos.dtype != w.dtype:
+        fix = {torch.float64: "model.double()", torch.float32: "model.float()"}.get(pos.dtype, f"model.to({pos.dtype})")
+        raise TypeError(
+            f"batch.pos is {pos.dtype} but the model's weights are {w.dtype}; cast the model ({fix}) or the "
+            f"inputs (batch.pos and batch.cell .to({w.dtype})); for bfloat16 use torch.autocast, not bfloat16 positions"
+        )
+
+
 class EquiformerV2(nn.Module):
     """EquiformerV2 with a replaceable update block (``config.update``)."""
 
@@ -59,15 +117,12 @@ class EquiformerV2(nn.Module):
             raise ValueError(f"batch.pos must be [N, 3], got {None if pos is None else tuple(pos.shape)}")
         if pos.shape[0] == 0:
             raise ValueError("empty batch: no atoms")
-        z = data.atomic_numbers.long()
+        _check_dtype(pos, self)
+        z = _atomic_numbers(data, pos.shape[0])
         batch = _get(data, "batch")
         batch = torch.zeros_like(z) if batch is None else batch
         num_graphs = int(batch.max()) + 1
-        cell, pbc = _get(data, "cell"), _get(data, "pbc")
-        if cell is not None:
-            cell = cell.view(-1, 3, 3).to(pos.dtype)
-        if pbc is not None:
-            pbc = pbc.view(-1, 3).bool()
+        cell, pbc = _periodicity(data, cfg, pos.dtype)
 
         grad_forces = cfg.regress_forces == "gradient"
         displacement = None
@@ -87,7 +142,11 @@ class EquiformerV2(nn.Module):
                 out["forces"] = self.force_head(x, frame)  # [N, 3]
             if grad_forces:
                 inputs = [pos] + ([displacement] if displacement is not None else [])
-                grads = torch.autograd.grad(out["energy"].sum(), inputs, create_graph=self.training)
+                # allow_unused: a graph without edges has an energy that does not depend on the
+                # positions; its forces (and stress) are then exactly zero
+                grads = torch.autograd.grad(
+                    out["energy"].sum(), inputs, create_graph=self.training, allow_unused=True, materialize_grads=True
+                )
                 out["forces"] = -grads[0]  # [N, 3]
                 if displacement is not None:
                     vol = torch.linalg.det(cell).abs()  # [B]; 0 for molecules -> stress 0

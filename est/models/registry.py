@@ -9,7 +9,7 @@ from __future__ import annotations
 from .config import ModelConfig
 from .model import EquiformerV2
 
-__all__ = ["MODEL_CONFIGS", "build_model", "model_config"]
+__all__ = ["MODEL_CONFIGS", "build_model", "list_models", "model_config"]
 
 _EQV2_OC20 = dict(
     channels=128, attn_hidden_channels=64, num_heads=8, attn_alpha_channels=64, attn_value_channels=16,
@@ -53,6 +53,11 @@ MODEL_CONFIGS: dict[str, dict] = {
                        attn_alpha_channels=16, attn_value_channels=16, ffn_hidden_channels=128, edge_channels=64,
                        num_radial=64, grid_resolution=(12, 11), update="ffn"),
 }
+
+
+def list_models() -> list[str]:
+    """Names of the registered model shapes (:data:`MODEL_CONFIGS`), sorted; pass one to :func:`build_model`."""
+    return sorted(MODEL_CONFIGS)
 
 
 def model_config(name: str, **overrides) -> ModelConfig:

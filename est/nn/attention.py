@@ -53,6 +53,7 @@ from ..so3._layout import check_lmax
 from .activations import GateActivation, S2GridActivation, SeparableS2Activation, SmoothLeakyReLU
 from .edge_embedding import ElementEdgeScalars
 from .edges import EdgeFrame, check_frame, truncation_rescale
+from .grid import check_dtype
 from .linear import DegreeLinear
 from .so2 import SO2Convolution
 
@@ -232,6 +233,7 @@ class SO2GraphAttention(nn.Module):
                 f"{name}: expected node features [N, K={K}, C={c.channels}] (lmax={c.lmax}), got {tuple(x.shape)}"
             )
         check_frame(frame, c.lmax, c.mmax, name)
+        check_dtype(x, self, name)
         if x.shape[0] != frame.num_nodes:
             raise ValueError(f"{name}: x has {x.shape[0]} nodes but the edge frame has {frame.num_nodes}")
         E, target = frame.num_edges, frame.edge_index[1]
@@ -254,7 +256,7 @@ class SO2GraphAttention(nn.Module):
         alpha = self.alpha_dropout(alpha)
         if frame.envelope is not None:
             alpha = alpha * frame.envelope[:, None]
-        v = v.view(E, -1, c.num_heads, c.value_channels) * alpha[:, None, :, None]  # [E, K_M, n_h, d_v]
+        v = v.view(E, v.shape[1], c.num_heads, c.value_channels) * alpha[:, None, :, None]  # [E, K_M, n_h, d_v]
         msg = frame.to_global(v.flatten(2), self.rescale)  # [E, K, n_h d_v]
         return self.proj(frame.scatter_targets(msg))  # [N, K, O]
 

@@ -25,7 +25,7 @@ class GraphDropPath(nn.Module):
         return f"p={self.p}"
 
     def forward(self, x: torch.Tensor, batch: torch.Tensor | None = None) -> torch.Tensor:
-        if not self.training or self.p == 0.0:
+        if not self.training or self.p == 0.0 or x.shape[0] == 0:
             return x
         num_graphs = 1 if batch is None else int(batch.max()) + 1
         keep = (torch.rand(num_graphs, device=x.device) >= self.p).to(x.dtype) / (1 - self.p)  # [B]

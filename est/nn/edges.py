@@ -144,7 +144,7 @@ def build_edge_frame(
     elif edge_scalars.dim() != 2 or edge_scalars.shape[0] != E:
         raise ValueError(f"build_edge_frame: edge_scalars must be [E={E}, R], got {tuple(edge_scalars.shape)}")
     R = edge_rotation(edge_vec)  # [E, 3, 3]
-    D = wigner_D(lmax, R)  # [E, K, K]
+    D = wigner_D(lmax, R, check=False)  # [E, K, K] (R built by edge_rotation: a rotation)
     D_m = D.index_select(1, m_major_index(lmax, mmax, device=D.device))  # [E, K_M, K]
     return EdgeFrame(edge_index, D_m, edge_scalars, int(num_nodes), lmax, mmax, envelope, atomic_numbers)
 

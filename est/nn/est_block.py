@@ -27,7 +27,7 @@ from ..so3 import random_rotation, wigner_D
 from ..sphere import default_num_points
 from .drop import GraphDropPath
 from .ffn import SteerableFFN, SteerableFFNConfig
-from .grid import GridConfig, check_features
+from .grid import GridConfig, check_features, check_float16_output, check_positive, is_float16
 from .spherical_transformer import SphericalTransformer, SphericalTransformerConfig
 
 __all__ = ["ESTBlock", "ESTBlockConfig", "PRESETS", "preset_config"]
@@ -53,6 +53,7 @@ class ESTBlockConfig:
     router_hidden_channels: int | None = None  # default: channels
 
     def __post_init__(self) -> None:
+        check_positive(self, ("channels", "ffn_hidden_channels", "num_heads", "mlp_ratio", "router_hidden_channels"), owner="ESTBlockConfig")
         if self.num_steerable_experts < 0 or self.num_spherical_experts < 0:
             raise ValueError("expert counts must be >= 0")
         if self.num_steerable_experts + self.num_spherical_experts == 0:
@@ -92,6 +93,28 @@ def preset_config(preset: str, *, lmax: int, channels: int, **overrides) -> ESTB
     values = PRESETS[preset](lmax)
     values.update(overrides)
     return ESTBlockConfig(lmax=lmax, channels=channels, **values)
+
+
+def check_batch(batch: torch.Tensor, num_nodes: int, name: str) -> None:
+    """``ValueError`` unless ``batch`` is an integer ``[N]`` graph index with values in ``0..N-1``.
+
+    Each graph has at least one atom, so there are at most N graphs; larger
+    indices would make per-graph tensors (grid rotations, drop masks) that big.
+    """
+    if batch.dim() != 1 or batch.shape[0] != num_nodes:
+        raise ValueError(
+            f"{name}: batch must be a 1-D index with one entry per atom ({num_nodes}), got shape {tuple(batch.shape)}"
+        )
+    if batch.is_floating_point() or batch.dtype == torch.bool:
+        raise ValueError(f"{name}: batch must be an integer (long) graph index, got {batch.dtype}; use batch.long()")
+    if num_nodes == 0:
+        return
+    lo, hi = torch.stack(torch.aminmax(batch)).tolist()
+    if lo < 0 or hi >= num_nodes:
+        raise ValueError(
+            f"{name}: batch holds graph indices in [{lo}, {hi}]; expected 0..N-1 = 0..{num_nodes - 1} "
+            "(the graph of every atom, numbered from 0 as in a PyG Batch)"
+        )
 
 
 class ESTBlock(nn.Module):
@@ -160,11 +183,11 @@ class ESTBlock(nn.Module):
         return torch.softmax(self.router(x[:, 0]), dim=-1)
 
     def _grid_rotation(self, x: torch.Tensor, batch: torch.Tensor | None):
-        if not (self.training and self.config.grid_rotation and self.spherical is not None):
+        if not (self.training and self.config.grid_rotation and self.spherical is not None) or x.shape[0] == 0:
             return None
         num_graphs = 1 if batch is None else int(batch.max()) + 1
         R = random_rotation(num_graphs, dtype=x.dtype, device=x.device)  # [B, 3, 3]
-        D = wigner_D(self.config.lmax, R)  # [B, K, K]
+        D = wigner_D(self.config.lmax, R, check=False)  # [B, K, K]
         if batch is None:
             return D.expand(x.shape[0], -1, -1), R.expand(x.shape[0], -1, -1)
         return D[batch], R[batch]  # [N, K, K], [N, 3, 3]
@@ -172,12 +195,9 @@ class ESTBlock(nn.Module):
     def forward(self, x: torch.Tensor, batch: torch.Tensor | None = None) -> torch.Tensor:
         cfg = self.config
         if self.check_inputs:
-            check_features(x, lmax=cfg.lmax, channels=cfg.channels, name="ESTBlock")
-            if batch is not None and (batch.dim() != 1 or batch.shape[0] != x.shape[0]):
-                raise ValueError(
-                    f"ESTBlock: batch must be a 1-D index with one entry per atom ({x.shape[0]}), "
-                    f"got shape {tuple(batch.shape)}"
-                )
+            check_features(x, lmax=cfg.lmax, channels=cfg.channels, name="ESTBlock", module=self)
+            if batch is not None:
+                check_batch(batch, x.shape[0], "ESTBlock")
         g = self.gates(x)  # [N, E]
         E_st = cfg.num_steerable_experts
         update = None
@@ -187,7 +207,10 @@ class ESTBlock(nn.Module):
         if self.spherical is not None:
             term = self.spherical(x, g[:, E_st:], rotation=self._grid_rotation(x, batch))  # [N, K, C]
             update = term if update is None else update + term
-        return x + self.drop_path(update, batch)
+        out = x + self.drop_path(update, batch)  # [N, K, C]
+        if self.check_inputs and is_float16(x):
+            check_float16_output(out, "ESTBlock")
+        return out
 
     def extra_repr(self) -> str:
         c = self.config

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .grid import GridConfig, check_features
+from .grid import GridConfig, check_features, check_positive
 from .linear import DegreeLinear
 from .norms import build_norm
 
@@ -35,6 +35,9 @@ class SteerableFFNConfig:
     norm: str | None = "rms_norm_sh"  # own pre-norm; None to skip
     grid: GridConfig = field(default_factory=lambda: GridConfig(kind="equiangular"))
     grid_scaling: str = "component"  # amplitude on the grid (est.sphere.degree_scale); EquiformerV2: component
+
+    def __post_init__(self) -> None:
+        check_positive(self, ("channels", "hidden_channels", "out_channels"), owner="SteerableFFNConfig")
 
 
 class SteerableFFN(nn.Module):
@@ -58,7 +61,7 @@ class SteerableFFN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cfg = self.config
         if self.check_inputs:
-            check_features(x, lmax=cfg.lmax, channels=cfg.channels, name="SteerableFFN")
+            check_features(x, lmax=cfg.lmax, channels=cfg.channels, name="SteerableFFN", module=self)
         xn = self.norm(x)  # [N, K, C]
         h = self.linear_in(xn)  # [N, K, H]
         f = self.grid_mlp(self.sft.to_sphere(h))  # [N, S, H]

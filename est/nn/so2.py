@@ -127,7 +127,7 @@ class SO2Convolution(nn.Module):
         blocks = x.split(self.sizes, dim=1)
         C_out, X = self.out_channels, self.extra_m0_channels
 
-        x0 = blocks[0].reshape(E, -1)  # [E, (L+1) C_in]
+        x0 = blocks[0].reshape(E, (self.lmax + 1) * self.in_channels)  # [E, (L+1) C_in] (explicit: E may be 0)
         if weights[0] is not None:
             x0 = x0 * weights[0]
         y0 = self.fc_m0(x0)  # [E, X + (L+1) C_out]

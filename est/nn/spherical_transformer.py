@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .grid import GridConfig, check_features
+from .grid import GridConfig, check_features, check_float16_output, check_positive, is_float16, warn_float16
 
 __all__ = ["SphericalTransformer", "SphericalTransformerConfig", "ENCODINGS"]
 
@@ -52,6 +52,9 @@ class SphericalTransformerConfig:
     mlp_ratio: int = 4
     bias_degree: int = 8  # Legendre degree of the "bias" encoding
     grid: GridConfig = field(default_factory=GridConfig)
+
+    def __post_init__(self) -> None:
+        check_positive(self, ("channels", "num_heads", "num_experts", "mlp_ratio"), owner="SphericalTransformerConfig")
 
 
 def _legendre_table(cosines: np.ndarray, degree: int) -> np.ndarray:
@@ -76,8 +79,6 @@ class SphericalTransformer(nn.Module):
             raise ValueError(f"unknown orientation encoding {cfg.encoding!r}; expected one of {ENCODINGS}")
         if cfg.channels % cfg.num_heads:
             raise ValueError(f"channels={cfg.channels} must be divisible by num_heads={cfg.num_heads}")
-        if cfg.num_experts < 1:
-            raise ValueError(f"SphericalTransformer needs at least one expert, got num_experts={cfg.num_experts}")
         self.config = cfg
         C = cfg.channels
         self.sft = cfg.grid.build(cfg.lmax)
@@ -118,7 +119,10 @@ class SphericalTransformer(nn.Module):
     ) -> torch.Tensor:
         cfg = self.config
         if self.check_inputs:
-            check_features(x, lmax=cfg.lmax, channels=cfg.channels, name="SphericalTransformer")
+            check_features(x, lmax=cfg.lmax, channels=cfg.channels, name="SphericalTransformer", module=self)
+        fp16 = is_float16(x)
+        if fp16:
+            warn_float16("SphericalTransformer")
         N, H = x.shape[0], cfg.num_heads
         D, R = rotation if rotation is not None else (None, None)
         h0 = self.scalar(x[:, 0])  # [N, C]
@@ -136,4 +140,7 @@ class SphericalTransformer(nn.Module):
             gates = x.new_full((N, cfg.num_experts), 1.0 / cfg.num_experts)
         y = sum(gates[:, e, None, None] * expert(o) for e, expert in enumerate(self.experts))  # [N, S, C]
         out = self.sft.from_sphere(y, rotation=D)  # [N, K, C]
-        return torch.cat([h0[:, None], out[:, 1:]], dim=1)  # [N, K, C]
+        out = torch.cat([h0[:, None], out[:, 1:]], dim=1)  # [N, K, C]
+        if fp16 and self.check_inputs:
+            check_float16_output(out, "SphericalTransformer")
+        return out

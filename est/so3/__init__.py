@@ -18,6 +18,7 @@ from ._layout import (
 from ._wigner import (
     angles_to_matrix,
     block_slices,
+    check_rotations,
     matrix_to_angles,
     random_rotation,
     rotation_x,
@@ -36,6 +37,7 @@ __all__ = [
     "rotation_x",
     "rotation_y",
     "block_slices",
+    "check_rotations",
     "check_lmax",
     "num_coefficients",
     "lmax_from_num_coefficients",

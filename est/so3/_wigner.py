@@ -39,6 +39,7 @@ __all__ = [
     "rotation_y",
     "rotation_x",
     "block_slices",
+    "check_rotations",
 ]
 
 
@@ -232,12 +233,46 @@ def _quarter_turn(lmax: int, dtype: torch.dtype, device: torch.device) -> tuple[
         return Q, wigner_D_from_angles(lmax, *matrix_to_angles(Q)).transpose(-1, -2).contiguous()  # [K, K]
 
 
-def wigner_D(lmax: int, R: torch.Tensor) -> torch.Tensor:
+def _rotation_tolerance(dtype: torch.dtype) -> float:
+    """How far ``R R^T`` may be from ``I`` (max entry) for ``R`` to count as a rotation."""
+    return max(1e-5, 10 * torch.finfo(dtype).eps)
+
+
+def check_rotations(R: torch.Tensor, name: str = "wigner_D") -> None:
+    r"""``ValueError`` unless every ``R [..., 3, 3]`` is a finite proper rotation.
+
+    Checks :math:`\max_{ij} |(R R^	op - I)_{ij}| \le \max(10^{-5}, 10\,\epsilon)`
+    and :math:`\det R = r_0 \cdot (r_1 	imes r_2) > 0` (NaN fails both): a few
+    flops per matrix and one host sync, far below the Wigner-D itself.
+    """
+    with torch.no_grad():
+        Rd = R.detach()
+        eye = torch.eye(3, dtype=Rd.dtype, device=Rd.device)
+        orth = (Rd @ Rd.transpose(-1, -2) - eye).abs().amax(dim=(-2, -1))  # [...]
+        det = (Rd[..., 0, :] * torch.linalg.cross(Rd[..., 1, :], Rd[..., 2, :])).sum(-1)  # [...]
+        bad = ~(orth <= _rotation_tolerance(Rd.dtype)) | ~(det > 0)
+        if not bool(bad.any()):
+            return
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        kind = "a reflection (det < 0)" if bool(det[idx] < 0) and bool(orth[idx] <= 1e-3) else "not a rotation"
+        raise ValueError(
+            f"{name}: R{list(idx)} is {kind}: max|R R^T - I| = {float(orth[idx]):.3g}, det R = {float(det[idx]):.3g} "
+            f"({int(bad.sum())} of {bad.numel()} matrices affected). Pass proper rotations (orthogonal, det +1, "
+            "finite): orthonormalise with U, _, Vh = torch.linalg.svd(R); R = U @ Vh, and for a reflection "
+            "use -R with the parity (-1)^l applied separately"
+        )
+
+
+def wigner_D(lmax: int, R: torch.Tensor, *, check: bool = True) -> torch.Tensor:
     """Real Wigner-D ``[B, K, K]`` (block diagonal) for rotations ``R [B, 3, 3]``.
 
     ``spherical_harmonics(lmax, v @ R.T) == spherical_harmonics(lmax, v) @ D.T``,
     i.e. ``Y(R v) = D(R) Y(v)``. Matches ``e3nn.o3.Irrep(l, p).D_from_matrix``
     blockwise. Output dtype and device follow ``R``.
+
+    ``check=True`` raises ``ValueError`` for matrices that are not finite proper
+    rotations (:func:`check_rotations`: ``2 I``, a reflection, NaN); callers that
+    build ``R`` themselves (edge frames, random grid rotations) pass ``check=False``.
 
     Example:
         >>> R = random_rotation(2)
@@ -250,6 +285,8 @@ def wigner_D(lmax: int, R: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"R must be a tensor of rotation matrices [..., 3, 3], got {getattr(R, 'shape', type(R))}")
     if not R.is_floating_point():
         raise ValueError(f"R must be floating point, got {R.dtype}")
+    if check:
+        check_rotations(R)
     # Near the Euler singularity (R e_y close to +-e_y) the angles' gradients
     # are ill-conditioned and exactly at it alpha's gradient is lost. There we
     # factor D(R) = D(R Q) D(Q)^T with the quarter turn Q = R_x(pi/2), whose

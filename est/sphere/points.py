@@ -180,7 +180,14 @@ def sphere_points(
     if num_points is not None and (isinstance(num_points, bool) or not isinstance(num_points, int) or num_points < 1):
         raise ValueError(f"num_points must be a positive integer, got {num_points!r}")
     if kind == "fibonacci":
-        return fibonacci_points(num_points or default_num_points(lmax), relax_steps=relax_steps)
+        S, K = num_points or default_num_points(lmax), (lmax + 1) ** 2
+        if S < K:
+            raise ValueError(
+                f"a fibonacci lattice of {S} points cannot hold the K = (lmax+1)^2 = {K} coefficients of degree "
+                f"<= {lmax} (the transform is rank deficient: the round trip loses part of every input); "
+                f"use num_points >= {K}, better the paper's (2L+1)(2L+2) = {default_num_points(lmax)}"
+            )
+        return fibonacci_points(S, relax_steps=relax_steps)
     if kind == "design":
         if num_points is not None and degree is None:
             from .designs import design_for_points

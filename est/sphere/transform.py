@@ -27,19 +27,29 @@ unit grid values for unit-variance coefficients), ``"integral"``
 
 Grid rotation (EST's training-time augmentation): rotating the points by
 ``R`` turns ``Y`` into ``Y D(R)^T``; we apply it as ``to_sphere(D^T x)`` and
-``D from_sphere(F)`` with one Wigner-D per sample, which is exact for every
-normalisation and never rebuilds the matrices.
+``D from_sphere(F)`` with one Wigner-D per sample (the matrices are never
+rebuilt). For ``"quadrature"`` this equals the transform rebuilt on the
+rotated points exactly (the weights travel with the points). For
+``"lambda"`` and ``"column"`` it is exact only where the column norms
+:math:`\sum_s Y_{sk}^2` do not change under rotation (spherical designs
+with :math:`t \ge 2L`, where they all equal S); on the Fibonacci lattice the rebuilt
+normalisation would differ, and conjugation rotates the fixed transform
+instead, as the released EST code does for its column normalisation (the
+paper preset). Measured at L=6, S=182: the conjugated ``A`` differs from
+the rebuilt one by 0.8% (``"column"``) and ``B`` by 1.6% (``"lambda"``),
+relative Frobenius norm.
 """
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch import nn
 
 from ..so3._harmonics import spherical_harmonics
 from ..so3._layout import check_lmax, degree_index, num_coefficients
-from .points import sphere_points
+from .points import default_num_points, sphere_points
 
 __all__ = ["SphericalFourierTransform", "NORMALIZATIONS", "DEGREE_SCALINGS", "degree_scale", "transform_matrices"]
 
@@ -77,6 +87,35 @@ def transform_matrices(
     return Yhat, Yhat.T.contiguous()
 
 
+ROUND_TRIP_WARN = 0.1  # relative round-trip error above which an approximate point set warns
+
+
+def round_trip_error(A: torch.Tensor, B: torch.Tensor) -> float:
+    r"""RMS relative error of the linear round trip, :math:`\lVert BA - I
+Vert_F/\sqrt K`
+    (the expected :math:`\lVert BAx - x
+Vert/\lVert x
+Vert` for white-noise ``x``)."""
+    K = A.shape[1]
+    return float(torch.linalg.matrix_norm(B @ A - torch.eye(K, dtype=A.dtype)) / math.sqrt(K))
+
+
+def _warn_inexact_round_trip(A: torch.Tensor, B: torch.Tensor, lmax: int, normalization: str) -> None:
+    """Warn when a Fibonacci lattice smaller than the paper's size loses more than 10% in the round trip
+    (at the paper's size the error is 0.13 at L=1 and 0.02-0.08 for L=2..8)."""
+    if A.shape[0] >= default_num_points(lmax):
+        return
+    err = round_trip_error(A, B)
+    if err > ROUND_TRIP_WARN:
+        warnings.warn(
+            f"fibonacci transform with {A.shape[0]} points at lmax={lmax} ({normalization!r}): the round trip "
+            f"from_sphere(to_sphere(x)) is off by {err:.2f} of |x| (RMS); use more points (the paper's "
+            f"(2L+1)(2L+2) = {default_num_points(lmax)}) or an exact kind ('design', 'gauss-legendre')",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
 def _apply_matrix(M: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``M [P, Q]`` applied to ``x [N, Q, C]`` as one 2-D GEMM: ``[N, P, C]``.
 
@@ -88,7 +127,7 @@ def _apply_matrix(M: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return M @ x
     N, Q, C = x.shape
     y = M @ x.transpose(0, 1).reshape(Q, N * C)  # [P, N*C]
-    return y.view(-1, N, C).transpose(0, 1)  # [N, P, C]
+    return y.view(M.shape[0], N, C).transpose(0, 1)  # [N, P, C] (explicit P: N may be 0)
 
 
 class SphericalFourierTransform(nn.Module):
@@ -136,6 +175,8 @@ class SphericalFourierTransform(nn.Module):
             kind, lmax, num_points, degree=degree, resolution=resolution, relax_steps=relax_steps
         )
         A, B = transform_matrices(lmax, points, weights, normalization)
+        if kind == "fibonacci":
+            _warn_inexact_round_trip(A, B, lmax, normalization)
         self.degree_scaling = degree_scaling
         if degree_scaling != "none":
             n = degree_scale(degree_scaling, lmax)[degree_index(lmax)]  # [K] n_l per coefficient
