@@ -150,7 +150,14 @@ class EquiformerV2Backbone(nn.Module):
             num_nodes=pos.shape[0],
             radial_basis=self.radial,
             atomic_numbers=atomic_numbers,
+            roll=self._random_roll(graph.edge_index.shape[1], pos),
         )
+
+    def _random_roll(self, num_edges: int, like: torch.Tensor) -> torch.Tensor | None:
+        """Uniform angles ``[E]`` in training when ``edge_roll`` is on, else ``None``."""
+        if not (self.training and self.config.edge_roll):
+            return None
+        return torch.rand(num_edges, dtype=like.dtype, device=like.device) * (2 * torch.pi)  # [E]
 
     def forward(self, pos, atomic_numbers, batch, cell=None, pbc=None):
         self.check_atomic_numbers(atomic_numbers)

@@ -54,10 +54,16 @@ class ModelConfig:
     # rotation invariant; "strict" keeps exactly max_neighbors, breaking ties by
     # a Cartesian key, which depends on the orientation (est.data.graph.radius_graph)
     neighbor_tie_mode: str = "include"
+    # turn every edge frame by a random angle about its axis at every training call
+    # (fairchem's EquiformerV2 does; an augmentation of the SO(2)/grid aliasing). Eval is never rolled.
+    edge_roll: bool = False
     use_pbc: bool = True
     num_radial: int = 600
     radial_width_factor: float = 2.0
     envelope: str | None = None
+    # initialisation: "eqv2" (EquiformerV2's / fairchem's: linears N(0, 1/fan_in), zero biases,
+    # radial MLPs uniform) or "torch" (PyTorch's defaults); est.models.init
+    weight_init: str = "torch"
     # regularisation
     drop_path: float = 0.05
     alpha_drop: float = 0.1
@@ -111,6 +117,8 @@ class ModelConfig:
         for name in ("energy_reduce", "property_reduce"):
             if getattr(self, name) not in ("sum", "mean"):
                 raise ValueError(f"ModelConfig.{name} must be 'sum' or 'mean', got {getattr(self, name)!r}")
+        if self.weight_init not in ("eqv2", "torch"):
+            raise ValueError(f"ModelConfig.weight_init must be 'eqv2' or 'torch', got {self.weight_init!r}")
         if self.neighbor_tie_mode not in ("include", "strict"):
             raise ValueError(f"ModelConfig.neighbor_tie_mode must be 'include' or 'strict', got {self.neighbor_tie_mode!r}")
         if self.avg_num_nodes <= 0 or self.avg_degree <= 0:

@@ -22,6 +22,7 @@ from ..data.graph import apply_strain
 from .backbone import EquiformerV2Backbone
 from .config import ModelConfig
 from .heads import DirectForceHead, ScalarHead
+from .init import init_weights_
 
 __all__ = ["EquiformerV2"]
 
@@ -106,6 +107,7 @@ class EquiformerV2(nn.Module):
         )
         if cfg.regress_forces == "gradient" and not cfg.regress_energy:
             raise ValueError("gradient forces need regress_energy=True")
+        init_weights_(self, cfg.weight_init)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -106,6 +106,7 @@ def build_edge_frame(
     radial_basis: torch.nn.Module | None = None,
     edge_scalars: torch.Tensor | None = None,
     atomic_numbers: torch.Tensor | None = None,
+    roll: torch.Tensor | None = None,
 ) -> EdgeFrame:
     r"""Compute :class:`EdgeFrame` once per forward.
 
@@ -118,6 +119,10 @@ def build_edge_frame(
             if it has a non-``None`` attribute ``envelope`` (``r [E] -> [E]``), the frame carries it.
         edge_scalars: precomputed ``[E, R]`` instead of ``radial_basis`` (no envelope then).
         atomic_numbers: optional long ``[N]`` stored for element-aware layers.
+        roll: optional angles ``[E]``: turn each edge frame about its own axis (the
+            pole), :math:`R \leftarrow R_y(\gamma) R` (still ``R u = +y``). The layers are
+            equivariant under any roll, so a random roll at every training call (as
+            fairchem's EquiformerV2 does) is a data augmentation of the grid aliasing.
     """
     check_lmax(lmax)
     if not 0 <= mmax <= lmax:
@@ -144,9 +149,18 @@ def build_edge_frame(
     elif edge_scalars.dim() != 2 or edge_scalars.shape[0] != E:
         raise ValueError(f"build_edge_frame: edge_scalars must be [E={E}, R], got {tuple(edge_scalars.shape)}")
     R = edge_rotation(edge_vec)  # [E, 3, 3]
+    if roll is not None:
+        R = torch.bmm(_pole_turn(roll.to(R.dtype)), R)  # [E, 3, 3]
     D = wigner_D(lmax, R, check=False)  # [E, K, K] (R built by edge_rotation: a rotation)
     D_m = D.index_select(1, m_major_index(lmax, mmax, device=D.device))  # [E, K_M, K]
     return EdgeFrame(edge_index, D_m, edge_scalars, int(num_nodes), lmax, mmax, envelope, atomic_numbers)
+
+
+def _pole_turn(angle: torch.Tensor) -> torch.Tensor:
+    """Rotations about +y by ``angle [E]``: ``[E, 3, 3]``."""
+    c, s = torch.cos(angle), torch.sin(angle)  # [E]
+    one, zero = torch.ones_like(c), torch.zeros_like(c)
+    return torch.stack([c, zero, s, zero, one, zero, -s, zero, c], dim=-1).view(-1, 3, 3)
 
 
 def check_frame(frame: EdgeFrame, lmax: int, mmax: int, name: str) -> None:
