@@ -250,6 +250,11 @@ def test_kill_during_final_evaluation_is_completed_by_rerun(tmp_path, data8, mon
     # now finished for good: a third run does nothing
     assert Trainer(_pair_cfg(run), datasets=data8).fit() == "finished"
     assert json.load(open(run / "final_metrics.json")) == saved
+    # final outputs deleted by hand: the rerun writes them again
+    for f in ("final_metrics.json", "parity_val.png", "learning_curve.png"):
+        (run / f).unlink()
+    assert Trainer(_pair_cfg(run), datasets=data8).fit() == "finished"
+    assert json.load(open(run / "final_metrics.json"))["results"] == saved["results"] and (run / "parity_val.png").is_file()
 
 
 def test_kill_between_last_and_best_checkpoint_and_sigterm_in_final_evaluation(tmp_path, data8, monkeypatch):
