@@ -36,10 +36,19 @@ the derivative of anything).
 
 Checks before a structure reaches the model (:class:`UnsupportedStructureError`):
 empty ``Atoms``, non-finite positions or cell, atoms closer than
-``min_distance`` (periodic images included), elements the model never saw
-(the checkpoint's training elements when known, else ``1..max_num_elements-1``),
+``min_distance`` (periodic images included), elements the model never saw,
 periodic atoms given to a model trained with ``use_pbc=False``, a periodic
 direction with a degenerate cell.
+
+Training elements: est.train records them in every checkpoint (``elements``:
+from dataset metadata, QM9's composition, or the atoms of the training
+samples, at most 2000 random ones; ``elements_source`` says which; pass
+``elements=`` to override). Checkpoints written before that fall back, with
+a warning, to QM9's H C N O F, the EMT manifest's elements, or every element
+the embedding has (``1..max_num_elements-1``).
+
+``checkpoint`` may be a checkpoint file or a run folder (``run_dir``): a
+folder means its ``best.pt``, else its ``last.pt``.
 """
 from __future__ import annotations
 
@@ -47,6 +56,7 @@ import contextlib
 import copy
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
@@ -75,6 +85,9 @@ class CheckpointInfo:
     normalizers: Dict[str, torch.Tensor]
     config: Dict[str, Any]
     elements: Optional[List[int]] = None  # training elements when known
+    #: where ``elements`` come from: the checkpoint's record, or the fallback used for older checkpoints
+    elements_source: str = "unknown"
+    elements_recorded: bool = False
     step: Optional[int] = None
     qm9_targets: List[int] = field(default_factory=list)
     qm9_atomref: str = "b3lyp"
@@ -82,12 +95,23 @@ class CheckpointInfo:
 
 def _training_elements(ck: Mapping[str, Any], cfg: Mapping[str, Any], task: str) -> Optional[List[int]]:
     """Elements seen in training: recorded in the checkpoint, implied by the task, or read from the EMT manifest."""
-    for where in (ck, cfg.get("data") or {}, cfg.get("model") or {}):
+    return _elements_and_source(ck, cfg, task)[0]
+
+
+def _elements_and_source(ck: Mapping[str, Any], cfg: Mapping[str, Any], task: str):
+    """``(elements or None, where they come from)``; see :func:`_training_elements`."""
+    if ck.get("elements"):
+        return sorted(int(z) for z in ck["elements"]), str(ck.get("elements_source", "the checkpoint"))
+    for name, where in (("data", cfg.get("data") or {}), ("model", cfg.get("model") or {})):
         for key in ("elements", "training_elements"):
             if isinstance(where, Mapping) and where.get(key):
-                return sorted(int(z) for z in where[key])
+                return sorted(int(z) for z in where[key]), f"the checkpoint's config {name}.{key}"
     if task == "qm9":
-        return list(_QM9_ELEMENTS)
+        return list(_QM9_ELEMENTS), "QM9's elements"
+    return _manifest_elements(cfg), "the EMT data manifest"
+
+
+def _manifest_elements(cfg: Mapping[str, Any]) -> Optional[List[int]]:
     # an EMT OC20-layout set (est.data.generate) names its metals in OUT/manifest.json, OUT/s2ef/train being the data
     data = cfg.get("data") or {}
     train = data.get("train_path") if isinstance(data, Mapping) else None
@@ -115,9 +139,12 @@ def load_model_from_checkpoint(path: str, *, map_location: Any = "cpu", use_ema:
 
     The model is :func:`est.train.load_trained_model`'s (the checkpoint's
     resolved ``config["model"]``, EMA weights when present and ``use_ema``).
+    ``path`` may be a run folder (its ``best.pt``, else ``last.pt``).
     """
     from est.train import load_trained_model
+    from est.train.checkpoint import resolve_checkpoint_path
 
+    path = resolve_checkpoint_path(path)
     try:
         model, ck = load_trained_model(path, map_location=map_location, use_ema=use_ema)
     except ValueError as err:
@@ -125,9 +152,10 @@ def load_model_from_checkpoint(path: str, *, map_location: Any = "cpu", use_ema:
     plain = ck["config"]
     data = plain.get("data") or {}
     task = str(data.get("task", "unknown"))
+    elements, source = _elements_and_source(ck, plain, task)
     info = CheckpointInfo(
         path=os.path.abspath(path), task=task, normalizers=dict(ck.get("normalizers") or {}), config=plain,
-        elements=_training_elements(ck, plain, task), step=ck.get("step"),
+        elements=elements, elements_source=source, elements_recorded=bool(ck.get("elements")), step=ck.get("step"),
         qm9_targets=[int(t) for t in data.get("targets", [])] if task == "qm9" else [],
         qm9_atomref=str(data.get("atomref", "b3lyp")),
     )
@@ -135,6 +163,12 @@ def load_model_from_checkpoint(path: str, *, map_location: Any = "cpu", use_ema:
 
 
 # ============================================================================ the calculator
+def _symbols(numbers: Iterable[int]) -> List[str]:
+    from ase.data import chemical_symbols
+
+    return [chemical_symbols[z] if 0 <= z < len(chemical_symbols) else "?" for z in numbers]
+
+
 def _as_float(v) -> float:
     return float(v.reshape(-1)[0]) if isinstance(v, torch.Tensor) else float(v)
 
@@ -143,7 +177,8 @@ class ESTCalculator(Calculator):
     """ASE calculator for an est model (see the module docstring).
 
     Args:
-        checkpoint: an est.train checkpoint (``last.pt`` / ``best.pt``); or give ``model``.
+        checkpoint: an est.train checkpoint (``last.pt`` / ``best.pt``) or a run folder
+            (its ``best.pt``, else ``last.pt``); or give ``model``.
         model: an ``nn.Module`` with ``model(batch) -> {"energy", "forces", ...}``; put in eval
             mode, and copied (not converted in place) when ``dtype``/``device`` differ from its own.
         normalizers: the trainer's normaliser dict (``energy_mean``/``energy_std``
@@ -179,12 +214,21 @@ class ESTCalculator(Calculator):
         self.min_distance = float(min_distance)
         self.batch_size = int(batch_size)
         self.info: Optional[CheckpointInfo] = None
+        self.elements_source = "the elements= argument" if elements is not None else "the embedding range"
         if checkpoint is not None:
             model, self.info = load_model_from_checkpoint(checkpoint, map_location="cpu", use_ema=use_ema)
             if normalizers is None:
                 normalizers = self.info.normalizers
             if elements is None:
                 elements = self.info.elements
+                self.elements_source = self.info.elements_source if elements is not None else self.elements_source
+                if not self.info.elements_recorded:
+                    fallback = (f"{self.info.elements_source} ({' '.join(_symbols(elements))})" if elements is not None
+                                else "every element the embedding has")
+                    warnings.warn(f"{self.info.path} does not record its training elements (written before est.train "
+                                  f"stored them): allowing {fallback}, so an element absent from training may get an "
+                                  "energy. Fix: retrain, or pass elements=[...] (atomic numbers) to ESTCalculator.",
+                                  stacklevel=2)
         assert model is not None
         if checkpoint is None:
             ref = next(iter(model.parameters()), None)
@@ -265,10 +309,9 @@ class ESTCalculator(Calculator):
         allowed = set(self.elements) if self.elements is not None else set(range(1, self.max_z + 1))
         unseen = sorted(set(int(v) for v in z) - allowed)
         if unseen:
-            from ase.data import chemical_symbols
-
-            names = ", ".join(f"{chemical_symbols[v] if 0 <= v < len(chemical_symbols) else '?'} (Z={v})" for v in unseen)
-            known = ("trained on " + " ".join(chemical_symbols[v] for v in sorted(allowed))) if self.elements is not None \
+            names = ", ".join(f"{sym} (Z={v})" for sym, v in zip(_symbols(unseen), unseen))
+            known = ("trained on " + " ".join(_symbols(sorted(allowed))) + f" (elements from {self.elements_source})") \
+                if self.elements is not None \
                 else f"embeds Z=1..{self.max_z}"
             raise UnsupportedStructureError(f"the model never saw {names}: it {known}. "
                                             "Fix: use a model trained with these elements.")

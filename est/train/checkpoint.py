@@ -4,7 +4,8 @@ A checkpoint is a dict of tensors and plain python values only (so
 ``torch.load(..., weights_only=True)`` reads it; nothing in it can run code):
 ``model``, ``optimizer``, ``scheduler``, ``ema``, ``normalizers``, ``rng``
 (one entry per rank), ``sampler``, ``step``, ``epoch``, ``best``, ``config``
-(the full resolved config) and ``format``.
+(the full resolved config), ``elements`` (atomic numbers seen in training,
+with ``elements_source``) and ``format``.
 Writes go to a temporary file in the same folder, are flushed and fsynced,
 then renamed over the target (``os.replace``), so a crash never leaves a
 half-written ``last.pt``.
@@ -13,24 +14,27 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import tempfile
 from typing import Any, Dict
 
 import numpy as np
 import torch
 
-__all__ = ["save_checkpoint", "load_checkpoint", "rng_state", "set_rng_state", "FORMAT_VERSION"]
+__all__ = ["save_checkpoint", "load_checkpoint", "copy_checkpoint", "checkpoint_step", "resolve_checkpoint_path",
+           "rng_state", "set_rng_state", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
 
 
-def save_checkpoint(state: Dict[str, Any], path: str) -> None:
+def _atomic_write(path: str, write) -> None:
+    """``write(file)`` into a temporary file next to ``path``, fsync, rename over ``path``."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -40,7 +44,49 @@ def save_checkpoint(state: Dict[str, Any], path: str) -> None:
         raise
 
 
+def save_checkpoint(state: Dict[str, Any], path: str) -> None:
+    _atomic_write(path, lambda f: torch.save(state, f))
+
+
+def copy_checkpoint(src: str, dst: str) -> None:
+    """Copy ``src`` to ``dst`` atomically (a kill leaves the old ``dst`` or the new one)."""
+    def write(f):
+        with open(src, "rb") as g:
+            shutil.copyfileobj(g, f, length=16 << 20)
+
+    _atomic_write(dst, write)
+
+
+def checkpoint_step(path: str) -> Any:
+    """The ``step`` of a checkpoint without reading its tensors (memory-mapped), or None if unreadable."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("step")
+    except Exception:
+        return None
+
+
+def resolve_checkpoint_path(path: str) -> str:
+    """A checkpoint file: ``path`` itself, or for a run folder its ``best.pt`` (else ``last.pt``).
+
+    Raises ``FileNotFoundError`` naming what the folder holds and the fix.
+    """
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"checkpoint {path} does not exist. Fix: give an existing .pt file or a run_dir.")
+        return path
+    for name in ("best.pt", "last.pt"):
+        if os.path.isfile(os.path.join(path, name)):
+            return os.path.join(path, name)
+    found = sorted(f for f in os.listdir(path) if f.endswith(".pt"))
+    raise FileNotFoundError(f"{path} is a folder without best.pt or last.pt (.pt files there: {found or 'none'}). "
+                            "Fix: pass a checkpoint file, or the run_dir of a training run.")
+
+
 def load_checkpoint(path: str, map_location: Any = "cpu") -> Dict[str, Any]:
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"checkpoint {path} is a folder, not a file. Fix: pass {os.path.join(path, 'best.pt')} "
+                                "(or last.pt) of that run.")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     try:

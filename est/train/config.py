@@ -22,6 +22,7 @@ recipe means the same optimisation on 1 or many processes.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from dataclasses import MISSING as _DC_MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Dict, List, Optional, Sequence
@@ -30,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 __all__ = [
     "ConfigError", "DataConfig", "TrainerConfig", "NormalizerConfig", "TrainConfig",
-    "register_configs", "load_config", "validate", "default_config_dir", "to_container",
+    "register_configs", "load_config", "validate", "validate_numbers", "default_config_dir", "to_container",
     "TASKS", "QM9_TARGETS",
 ]
 
@@ -133,7 +134,8 @@ class TrainerConfig:
     monitor: Optional[str] = None
     #: "auto" (resume from run_dir/last.pt if present), "never", or a checkpoint path
     resume: str = "auto"
-    #: non-finite losses tolerated (batch skipped) before the run stops
+    #: batches with non-finite inputs (positions, cells, targets) or a non-finite loss / gradient
+    #: tolerated (skipped on every rank, named in the log) before the run stops
     max_bad_batches: int = 0
     #: "auto" (cuda:LOCAL_RANK if available), "cpu", "cuda"
     device: str = "auto"
@@ -323,20 +325,30 @@ def _choice(key: str, value: Any, choices: Sequence[Any]) -> None:
 
 
 def _positive(key: str, value: Any, *, allow_none: bool = False, allow_zero: bool = False) -> None:
+    """``value`` must be a finite number > 0 (``>= 0`` with ``allow_zero``; ``None`` with ``allow_none``).
+
+    NaN and inf are refused: ``nan < 0`` is False, so a plain comparison lets them through.
+    """
     if value is None and allow_none:
         return
-    if value is None or value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{key}={value!r} must be {'>= 0' if allow_zero else '> 0'}. Fix: set {key} to a positive number"
-                          + (" or null." if allow_none else "."))
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{key}={value!r} must be a finite number {'>= 0' if allow_zero else '> 0'}. "
+                          f"Fix: set {key} to a positive number" + (" or null." if allow_none else "."))
 
 
-def validate(cfg: Any, *, check_paths: bool = True) -> None:
-    """Check choices, ranges, option compatibility and data paths (see module docstring)."""
-    d, t, m = cfg.data, cfg.trainer, cfg.model
-    _choice("data.task", d.task, TASKS)
-    _choice("mode", cfg.mode, ("train", "eval"))
-    _choice("data.sampler", d.sampler, ("balanced", "even"))
-    _choice("trainer.device", t.device, ("auto", "cpu", "cuda"))
+def _finite(key: str, value: Any) -> None:
+    if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value)):
+        raise ConfigError(f"{key}={value!r} must be a finite number. Fix: give a number or null.")
+
+
+def validate_numbers(cfg: Any) -> None:
+    """Ranges of every number of ``data`` and ``trainer`` (no file access; the Trainer calls it too).
+
+    Catches NaN / inf / negative learning rates, batch sizes, coefficients,
+    betas, decays and normaliser values before any data is read.
+    """
+    d, t = cfg.data, cfg.trainer
     _positive("data.batch_size", d.batch_size)
     _positive("data.eval_batch_size", d.eval_batch_size, allow_none=True)
     _positive("data.num_workers", d.num_workers, allow_zero=True)
@@ -350,12 +362,32 @@ def validate(cfg: Any, *, check_paths: bool = True) -> None:
     _positive("trainer.eval_every", t.eval_every, allow_none=True)
     _positive("trainer.save_every", t.save_every, allow_none=True)
     _positive("trainer.max_bad_batches", t.max_bad_batches, allow_zero=True)
+    _positive("trainer.warmup_epochs", t.warmup_epochs, allow_zero=True)
+    _positive("trainer.warmup_steps", t.warmup_steps, allow_none=True, allow_zero=True)
+    _positive("trainer.energy_coefficient", t.energy_coefficient, allow_zero=True)
+    _positive("trainer.force_coefficient", t.force_coefficient, allow_zero=True)
+    _positive("trainer.normalizer.max_samples", t.normalizer.max_samples)
+    _positive("trainer.normalizer.energy_std", t.normalizer.energy_std, allow_none=True)
+    _finite("trainer.normalizer.energy_mean", t.normalizer.energy_mean)
+    if d.task != "qm9" and t.energy_coefficient == 0 and (d.task == "is2re" or t.force_coefficient == 0):
+        raise ConfigError(f"trainer.energy_coefficient=0{'' if d.task == 'is2re' else ' and trainer.force_coefficient=0'}: "
+                          f"the data.task={d.task} loss is identically 0. Fix: set trainer.energy_coefficient > 0.")
     if t.ema_decay is not None and not 0.0 < t.ema_decay < 1.0:
         raise ConfigError(f"trainer.ema_decay={t.ema_decay} must be in (0, 1). Fix: e.g. 0.999, or null to disable EMA.")
     if not 0.0 <= t.warmup_factor <= 1.0 or not 0.0 <= t.lr_min_factor <= 1.0:
         raise ConfigError("trainer.warmup_factor and trainer.lr_min_factor must be in [0, 1]. Fix: e.g. 0.2 and 0.01 (EquiformerV2).")
-    if len(t.betas) != 2:
-        raise ConfigError(f"trainer.betas={list(t.betas)} must have two numbers. Fix: e.g. trainer.betas=[0.9,0.999].")
+    if len(t.betas) != 2 or not all(isinstance(b, (int, float)) and 0.0 <= b < 1.0 for b in t.betas):
+        raise ConfigError(f"trainer.betas={list(t.betas)} must be two numbers in [0, 1). Fix: e.g. trainer.betas=[0.9,0.999].")
+
+
+def validate(cfg: Any, *, check_paths: bool = True) -> None:
+    """Check choices, ranges, option compatibility and data paths (see module docstring)."""
+    d, t, m = cfg.data, cfg.trainer, cfg.model
+    _choice("data.task", d.task, TASKS)
+    _choice("mode", cfg.mode, ("train", "eval"))
+    _choice("data.sampler", d.sampler, ("balanced", "even"))
+    _choice("trainer.device", t.device, ("auto", "cpu", "cuda"))
+    validate_numbers(cfg)
     if t.resume not in ("auto", "never") and cfg.mode == "train" and check_paths and not os.path.isfile(t.resume):
         raise ConfigError(f"trainer.resume={t.resume!r}: no such checkpoint file. Fix: give an existing .pt file, 'auto' or 'never'.")
     for s in list(t.final_splits) + list(cfg.eval_splits):
@@ -410,6 +442,9 @@ def validate(cfg: Any, *, check_paths: bool = True) -> None:
                 raise ConfigError(f"data.test_path={d.test_path!r} does not exist. Fix: give an existing path or data.test_path=null.")
     if cfg.mode == "eval" and check_paths:
         ckpt = cfg.ckpt or os.path.join(cfg.run_dir, "best.pt")
+        if os.path.isdir(ckpt):
+            raise ConfigError(f"ckpt={ckpt} is a folder, not a checkpoint file. Fix: pass ckpt={os.path.join(ckpt, 'best.pt')} "
+                              f"(or last.pt), or run_dir={ckpt} without ckpt.")
         if not os.path.isfile(ckpt):
             raise ConfigError(f"mode=eval needs a checkpoint, but {ckpt} does not exist. Fix: pass ckpt=/path/to/best.pt "
                               "or the run_dir of a finished run.")

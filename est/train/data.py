@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -31,7 +31,12 @@ from torch_geometric.data import Batch
 from .sampler import GlobalBatchSampler
 
 __all__ = ["IndexSubset", "build_datasets", "dataset_natoms", "make_loader", "Prefetcher", "collate",
-           "resolve_model_stats"]
+           "resolve_model_stats", "training_elements", "sample_source", "ELEMENT_SAMPLES"]
+
+#: training samples read (at most, at random) to find the training elements of datasets without metadata
+ELEMENT_SAMPLES = 2000
+#: the columns of ``est.data.QM9.composition()``
+QM9_COMPOSITION_ELEMENTS = (1, 6, 7, 8, 9)
 
 
 class IndexSubset(Dataset):
@@ -61,6 +66,62 @@ def dataset_natoms(dataset, *, compute: bool = True, limit: int = 200_000) -> Op
     if not compute or len(dataset) > limit:
         return None
     return np.asarray([int(dataset[i].num_nodes) for i in range(len(dataset))], dtype=np.int64)
+
+
+def _random_indices(n: int, max_samples: int, seed: int) -> List[int]:
+    """``range(n)`` when ``n <= max_samples``, else ``max_samples`` distinct indices drawn with ``seed``."""
+    if n <= max_samples:
+        return list(range(n))
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:max_samples].tolist()
+
+
+def training_elements(dataset, *, max_samples: int = ELEMENT_SAMPLES, seed: int = 0) -> Tuple[List[int], str]:
+    """``(sorted atomic numbers seen in training, where they come from)``.
+
+    Cheapest source first: a dataset's own ``elements`` (metadata: a sequence
+    of atomic numbers), QM9's ``composition()`` (element counts of every
+    molecule, no sample is read), else the union of ``atomic_numbers`` over
+    all samples, or over ``max_samples`` random ones for a larger set (then
+    a rare element can be missing: the calculator refuses it, the safe side).
+    """
+    meta = getattr(dataset, "elements", None)
+    if meta is not None and not callable(meta):
+        return sorted({int(z) for z in meta}), f"{type(dataset).__name__}.elements"
+    from est.data.qm9 import QM9
+
+    if isinstance(dataset, QM9):
+        counts = np.asarray(dataset.composition())  # [M, 5] counts of H, C, N, O, F (QM9.composition's columns)
+        seen = counts.sum(axis=0) > 0
+        return [z for z, s in zip(QM9_COMPOSITION_ELEMENTS, seen) if s], f"composition of all {len(dataset)} training molecules"
+    n = len(dataset)
+    idx = _random_indices(n, max_samples, seed)
+    seen: set = set()
+    for i in idx:
+        seen.update(int(z) for z in torch.as_tensor(dataset[i].atomic_numbers).reshape(-1).unique().tolist())
+    where = f"all {n} training samples" if len(idx) == n else f"{len(idx)} random training samples of {n}"
+    return sorted(seen), where
+
+
+def _innermost(dataset):
+    while isinstance(dataset, IndexSubset):
+        dataset = dataset.dataset
+    return dataset
+
+
+def sample_source(dataset, idx: int) -> str:
+    """Where sample ``idx`` (its ``idx`` field: the index in the innermost dataset) is stored, for messages."""
+    ds = _innermost(dataset)
+    try:
+        if callable(getattr(ds, "locate", None)):  # LMDB: file and key
+            f, key = ds.locate(int(idx))
+            return f"{ds.files[f]} key {key!r}"
+        if hasattr(ds, "ids") and hasattr(ds, "path"):  # ASE database: file and row id
+            return f"{ds.path} row id {int(ds.ids[int(idx)])}"
+        if hasattr(ds, "path"):
+            return str(ds.path)
+    except Exception:  # a message helper must never raise
+        pass
+    return repr(ds) if not isinstance(ds, (list, tuple)) else "in-memory dataset"
 
 
 def collate(samples: List[Any]) -> Batch:
@@ -239,29 +300,29 @@ def resolve_model_stats(model_cfg: Dict[str, Any], train_ds, *, max_samples: int
     """Replace ``avg_num_nodes: auto`` / ``avg_degree: auto`` in the model config by training-set statistics.
 
     avg_num_nodes = mean atoms per sample; avg_degree = mean incoming edges per
-    atom of the radius graph (model.cutoff, model.max_neighbors, PBC when
-    model.use_pbc) over up to ``max_samples`` samples.
+    atom of the radius graph the model builds (model.cutoff, model.max_neighbors,
+    model.neighbor_tie_mode, PBC when model.use_pbc; unset keys take the named
+    preset's values) over up to ``max_samples`` samples.
     """
     cfg = dict(model_cfg)
     want_n, want_d = cfg.get("avg_num_nodes") == "auto", cfg.get("avg_degree") == "auto"
     if not (want_n or want_d):
         return cfg
-    n = len(train_ds)
-    idx = range(n) if n <= max_samples else torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:max_samples].tolist()
-    samples = [train_ds[int(i)] for i in idx]
+    samples = [train_ds[i] for i in _random_indices(len(train_ds), max_samples, seed)]
     if want_n:
         nat = dataset_natoms(train_ds, compute=False)
         cfg["avg_num_nodes"] = float(np.mean(nat)) if nat is not None else float(np.mean([s.num_nodes for s in samples]))
     if want_d:
         from est.data.graph import radius_graph
 
-        graph = {k: cfg[k] for k in ("cutoff", "max_neighbors", "use_pbc") if k in cfg}
-        if len(graph) < 3 and not cfg.get("_target_"):
+        keys = ("cutoff", "max_neighbors", "use_pbc", "neighbor_tie_mode")
+        graph = {k: cfg[k] for k in keys if k in cfg}
+        if len(graph) < len(keys) and not cfg.get("_target_"):
             try:  # the named preset's values for what the config does not set
                 from est.models import model_config
 
                 preset = model_config(cfg["name"])
-                graph = {k: graph.get(k, getattr(preset, k)) for k in ("cutoff", "max_neighbors", "use_pbc")}
+                graph = {k: graph.get(k, getattr(preset, k)) for k in keys}
             except Exception:
                 pass
         if "cutoff" not in graph:
@@ -270,6 +331,8 @@ def resolve_model_stats(model_cfg: Dict[str, Any], train_ds, *, max_samples: int
             raise ConfigError("model.avg_degree=auto needs the model's cutoff. Fix: set model.cutoff, or a number for model.avg_degree.")
         b = Batch.from_data_list(samples)
         pbc = b.pbc if graph.get("use_pbc", False) else torch.zeros_like(b.pbc)
-        g = radius_graph(b.pos, float(graph["cutoff"]), b.batch, cell=b.cell, pbc=pbc, max_neighbors=graph.get("max_neighbors"))
+        # the model's own neighbour rule: est models keep ties ("include"); radius_graph's default is "strict"
+        g = radius_graph(b.pos, float(graph["cutoff"]), b.batch, cell=b.cell, pbc=pbc, max_neighbors=graph.get("max_neighbors"),
+                         tie_mode=graph.get("neighbor_tie_mode", "strict"))
         cfg["avg_degree"] = float(g.edge_index.shape[1]) / float(b.num_nodes)
     return cfg

@@ -29,11 +29,19 @@ class MetricsCSV:
             with open(path, newline="") as f:
                 rows = [r for r in csv.DictReader(f) if r.get("step") and int(float(r["step"])) <= resume_step]
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w", newline="") as f:
+        self._rewrite(rows)
+
+    def _rewrite(self, rows: List[Dict[str, str]]) -> None:
+        with open(self.path, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=self.columns, extrasaction="ignore")
             w.writeheader()
             for r in rows:
                 w.writerow(r)
+
+    def drop_rows(self, predicate) -> None:
+        """Remove the rows for which ``predicate(row)`` is true (e.g. those of an interrupted final evaluation)."""
+        rows = _read(self.path) if os.path.isfile(self.path) else []
+        self._rewrite([r for r in rows if not predicate(r)])
 
     def write(self, row: Dict[str, object]) -> None:
         with open(self.path, "a", newline="") as f:

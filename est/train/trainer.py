@@ -15,11 +15,24 @@ Per optimiser step (all ranks in lock step):
    them stop the run naming the step and the batch ids (weights untouched);
 4. backward, gradient clipping, AdamW, LambdaLR, EMA update.
 
+Before step 1, a batch whose float inputs (positions, cells, targets, any
+other float field) are not finite is skipped the same way, on every rank,
+naming the fields, ``sid``/``idx`` and the file (and key) of each bad sample.
+
 Evaluation uses the EMA weights; metrics are all-reduced sums over counts.
 ``last.pt`` is written at every evaluation, every ``save_every`` steps, on
 SIGTERM/SIGINT and at the end; ``best.pt`` when the monitored metric improves.
 A run with ``trainer.resume=auto`` continues from ``run_dir/last.pt``
 exactly: same sampler position, RNG states, optimiser, scheduler and EMA.
+
+A run is *finished* only when ``final_metrics.json`` (written last, after the
+final evaluation's CSV rows and plots, atomically) names its final step.
+Rerunning a run that was killed after its last step (e.g. during the final
+evaluation) completes what is missing: the last evaluation, ``best.pt`` (a
+kill between writing ``last.pt`` and ``best.pt`` at an improving evaluation
+is repaired by copying ``last.pt``, which holds the same state) and the final
+results. Every checkpoint records the training elements (``elements``, with
+``elements_source``), which the ASE calculator uses to refuse unseen ones.
 """
 from __future__ import annotations
 
@@ -31,6 +44,7 @@ import os
 import random
 import signal
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -41,9 +55,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from .checkpoint import FORMAT_VERSION, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from .config import ConfigError, TrainConfig, to_container
-from .data import Prefetcher, build_datasets, dataset_natoms, make_loader, resolve_model_stats
+from .checkpoint import (FORMAT_VERSION, checkpoint_step, copy_checkpoint, load_checkpoint, resolve_checkpoint_path,
+                         rng_state, save_checkpoint, set_rng_state)
+from .config import ConfigError, TrainConfig, to_container, validate_numbers
+from .data import (Prefetcher, build_datasets, dataset_natoms, make_loader, resolve_model_stats, sample_source,
+                   training_elements)
 from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_object, setup_distributed
 from .ema import EMA
 from .logs import MetricsCSV, TensorBoard, plot_learning_curve, plot_parity, summary_table
@@ -51,7 +67,7 @@ from .optim import CosineWarmup, build_optimizer
 from .sampler import GlobalBatchSampler
 from .tasks import Task, build_task
 
-__all__ = ["Trainer", "NonFiniteLossError", "build_model_from_config", "evaluate_checkpoint"]
+__all__ = ["Trainer", "NonFiniteLossError", "build_model_from_config", "evaluate_checkpoint", "check_run_dir"]
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -113,8 +129,9 @@ def load_trained_model(path: str, *, map_location: Any = "cpu", use_ema: bool = 
     The model comes from the checkpoint's resolved ``config["model"]``
     (:func:`build_model_from_config`, so ``model._target_`` works too) with
     :func:`model_state`'s weights. Raises ``ValueError`` for a file that is not
-    an est.train checkpoint.
+    an est.train checkpoint. ``path`` may be a run folder: its ``best.pt``, else ``last.pt``.
     """
+    path = resolve_checkpoint_path(path)
     ck = load_checkpoint(path, map_location=map_location)
     if not isinstance(ck, dict) or "config" not in ck or "model" not in ck:
         keys = sorted(ck) if isinstance(ck, dict) else type(ck).__name__
@@ -122,6 +139,31 @@ def load_trained_model(path: str, *, map_location: Any = "cpu", use_ema: bool = 
     model = build_model_from_config(OmegaConf.merge(OmegaConf.structured(TrainConfig), ck["config"]))
     model.load_state_dict(model_state(ck, use_ema))
     return model.eval(), ck
+
+
+def check_run_dir(path: str) -> Optional[str]:
+    """Create ``path`` and prove it writable; the problem and its fix as a message, or None if fine."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return (f"run_dir={path} is a file, not a folder. Fix: choose another run_dir (e.g. run_dir={path}_run) "
+                "or move the file away.")
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".est_write_test.", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return (f"run_dir={path} cannot be created or written ({type(exc).__name__}: {exc.strerror or exc}). "
+                "Fix: choose a run_dir on a writable disk, e.g. run_dir=$HOME/runs/NAME.")
+    return None
+
+
+def _write_json_atomic(obj: Any, path: str) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def _set_seed(seed: int) -> None:
@@ -149,9 +191,10 @@ class Trainer:
         self.device = self.info.device
         self.run_dir = os.path.abspath(cfg.run_dir)
         self.log = (lambda *a, **k: print(*a, **k, flush=True)) if self.info.is_main else (lambda *a, **k: None)
-        if self.info.is_main:
-            os.makedirs(self.run_dir, exist_ok=True)
-        barrier(self.info)
+        validate_numbers(cfg)  # NaN / negative lr, batch sizes, ... before anything is read
+        problem = broadcast_object(check_run_dir(self.run_dir) if self.info.is_main else None, self.info)
+        if problem:  # checked before loading any data
+            raise ConfigError(problem)
         self.task: Task = build_task(d, t)
         self.monitor = t.monitor or self.task.primary_metric
         if self.monitor not in self.task.metric_names():
@@ -174,6 +217,10 @@ class Trainer:
         self.train_ds = self.datasets["train"]
         if len(self.train_ds) == 0:
             raise ConfigError("the training set is empty. Fix: check data paths and data.subset.")
+        if d.batch_size > len(self.train_ds):
+            raise ConfigError(f"data.batch_size={d.batch_size} (the global batch) is larger than the training set "
+                              f"({len(self.train_ds)} samples): every epoch would be one partial batch. "
+                              f"Fix: data.batch_size<={len(self.train_ds)}, or more training data (data.subset).")
         self.sampler = GlobalBatchSampler(
             len(self.train_ds), global_batch_size=d.batch_size, rank=self.info.rank, world_size=self.info.world_size,
             natoms=dataset_natoms(self.train_ds) if d.sampler == "balanced" and self.info.world_size > 1 else None,
@@ -186,8 +233,11 @@ class Trainer:
         warm = t.warmup_steps if t.warmup_steps is not None else int(round(t.warmup_epochs * self.steps_per_epoch))
 
         # ---------------------------------------------------------------- normalisers + model config
+        elements = None
         if ckpt is not None:
             self.task.load_state_dict(ckpt["normalizers"])
+            if ckpt.get("elements"):
+                elements = ([int(z) for z in ckpt["elements"]], str(ckpt.get("elements_source", "checkpoint")))
             model_cfg = ckpt["config"]["model"]
             now = _plain(cfg.model)
             diff = sorted(k for k in set(now) | set(model_cfg) if now.get(k) != model_cfg.get(k) and now.get(k) != "auto")
@@ -202,6 +252,10 @@ class Trainer:
                 norm, model_cfg = None, None
             norm, model_cfg = broadcast_object((norm, model_cfg), self.info)
             self.task.norm = norm
+        if elements is None:  # a fresh run, or a checkpoint older than the field
+            elements = broadcast_object(training_elements(self.train_ds, seed=cfg.seed) if self.info.is_main else None,
+                                        self.info)
+        self.elements, self.elements_source = elements
         self.model_cfg = model_cfg
         self.task.to(self.device)
         self.config_dict = to_container(cfg)
@@ -268,6 +322,8 @@ class Trainer:
             "best": dict(self.best),
             "bad_batches": self.bad_batches,
             "last_eval_step": self.last_eval_step,
+            "elements": list(self.elements),
+            "elements_source": self.elements_source,
             "config": self.config_dict,
         }
 
@@ -326,24 +382,64 @@ class Trainer:
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def _bad_batch(self, what: str, batch) -> None:
+    def _bad_batch(self, what: str, batch, detail: Optional[str] = None) -> None:
+        """Count a skipped batch (collective); past ``max_bad_batches`` raise naming the step, ``detail`` and the ids."""
         self.bad_batches += 1
-        ids = {"sid": batch.sid.reshape(-1).tolist()[:64], "idx": batch.idx.reshape(-1).tolist()[:64]} if hasattr(batch, "sid") else {}
+        ids = {k: getattr(batch, k).reshape(-1).tolist()[:64] for k in ("sid", "idx") if hasattr(batch, k)}
+        ids["detail"] = detail
         ids = all_gather_object(ids, self.info)
-        msg = (f"{what} at step {self.step} (epoch {self.epoch}, batch {self.position} of the epoch); batch ids per rank: "
+        details = "; ".join(f"rank {r}: {v['detail']}" if len(ids) > 1 else v["detail"] for r, v in enumerate(ids) if v["detail"])
+        msg = (f"{what} at step {self.step} (epoch {self.epoch}, batch {self.position} of the epoch)"
+               + (f": {details}" if details else "") + "; batch ids per rank: "
                + "; ".join(f"rank {r}: sid={v.get('sid')} idx={v.get('idx')}" for r, v in enumerate(ids)))
         if self.bad_batches > self.cfg.trainer.max_bad_batches:
             raise NonFiniteLossError(msg + ". The update was not applied (weights are intact). Fix: lower trainer.lr, "
                                      "check these samples, or allow skipping with trainer.max_bad_batches=N.")
         self.log(f"[est.train] skipping batch: {msg} ({self.bad_batches}/{self.cfg.trainer.max_bad_batches} allowed)")
 
+    def nonfinite_inputs(self, batch, *, max_samples: int = 5) -> Optional[str]:
+        """None when every float field of ``batch`` is finite (one host sync), else the bad samples.
+
+        Names, for up to ``max_samples`` samples, the non-finite fields, the
+        sample's ``sid``/``idx`` and where it is stored (file and key for LMDB,
+        row id for ASE databases).
+        """
+        fields = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor) and v.is_floating_point()}
+        if not fields or bool(torch.stack([torch.isfinite(v).all() for v in fields.values()]).all()):
+            return None
+        bad: Dict[int, List[str]] = {}  # graph -> fields
+        slices = getattr(batch, "_slice_dict", {})
+        for key, v in fields.items():
+            rows = (~torch.isfinite(v)).reshape(v.shape[0], -1).any(dim=1).nonzero().reshape(-1).cpu()  # [R]
+            if rows.numel() == 0:
+                continue
+            if key in slices:
+                graphs = torch.searchsorted(slices[key].cpu(), rows, right=True) - 1  # [R]
+            else:
+                graphs = torch.zeros_like(rows)
+            for g in graphs.unique().tolist():
+                bad.setdefault(int(g), []).append(key)
+        parts = []
+        for g in sorted(bad)[:max_samples]:
+            sid = int(batch.sid.reshape(-1)[g]) if hasattr(batch, "sid") else None
+            idx = int(batch.idx.reshape(-1)[g]) if hasattr(batch, "idx") else None
+            where = f" in {sample_source(self.train_ds, idx)}" if idx is not None else ""
+            parts.append(f"non-finite {'/'.join(bad[g])} in sample sid={sid} idx={idx}{where}")
+        more = f" (and {len(bad) - max_samples} more samples)" if len(bad) > max_samples else ""
+        return "; ".join(parts) + more
+
     def train_step(self, batch) -> Optional[float]:
         """One optimiser step on this rank's share of a global batch; returns the local scaled loss or None if skipped."""
         self.model.train()
-        local = torch.cat([self.task.local_counts(batch), torch.tensor([1.0 if self._stop_signal else 0.0], dtype=torch.float64)])
-        glob = all_reduce_sum(local, self.info)
-        self._stop_agreed = bool(glob[-1] > 0)
-        counts = glob[:-1]
+        bad_inputs = self.nonfinite_inputs(batch)
+        flags = torch.tensor([1.0 if self._stop_signal else 0.0, 1.0 if bad_inputs else 0.0], dtype=torch.float64)
+        glob = all_reduce_sum(torch.cat([self.task.local_counts(batch), flags]), self.info)
+        self._stop_agreed = bool(glob[-2] > 0)
+        counts = glob[:-2]
+        if glob[-1] > 0:  # any rank: every rank skips together
+            self.optimizer.zero_grad(set_to_none=True)
+            self._bad_batch("non-finite input", batch, bad_inputs)
+            return None
         with self._autocast():
             out = self.model(batch)
         if self.step == 0 or not getattr(self, "_checked", False):
@@ -443,13 +539,76 @@ class Trainer:
         return m
 
     # ==================================================================== loop
+    def _repair_best(self) -> None:
+        """Make ``best.pt`` hold the evaluation ``self.best`` names (collective).
+
+        ``last.pt`` is written before ``best.pt`` at an improving evaluation; a
+        kill in between leaves a ``last.pt`` whose ``best.step`` is its own step
+        and a ``best.pt`` one evaluation behind. Both would hold the same
+        state, so ``last.pt`` is copied.
+        """
+        last = os.path.join(self.run_dir, "last.pt")
+        if (self.info.is_main and self.resumed_from == last and self.best.get("step") == self.step == self.last_eval_step):
+            best = os.path.join(self.run_dir, "best.pt")
+            if checkpoint_step(best) != self.step:
+                copy_checkpoint(last, best)
+                self.log(f"[est.train] {best} was behind the evaluation at step {self.step} (interrupted write): "
+                         f"restored from {last}")
+        barrier(self.info)
+
+    def final_results_written(self) -> bool:
+        """Whether ``final_metrics.json`` names this step (same answer on every rank)."""
+        done = False
+        if self.info.is_main:
+            try:
+                with open(os.path.join(self.run_dir, "final_metrics.json")) as f:
+                    done = json.load(f).get("step") == self.step
+            except (OSError, ValueError):
+                done = False
+        return bool(broadcast_object(done, self.info))
+
+    def _stop_requested(self) -> bool:
+        """Whether any rank received SIGTERM/SIGINT (collective)."""
+        flag = torch.tensor([1.0 if self._stop_signal else 0.0], dtype=torch.float64)
+        return bool(all_reduce_sum(flag, self.info)[0] > 0)
+
+    def _finish(self) -> str:
+        """After the last step: last evaluation, final results (each only if missing); "finished" or "interrupted".
+
+        SIGTERM/SIGINT here stops before the next split (``last.pt`` holds the
+        final step); the same command then completes the final results.
+        """
+        with self._signals():
+            if self._stop_requested():
+                self.save("last.pt")
+                results = None
+            else:
+                if self.last_eval_step != self.step:
+                    self._eval_and_checkpoint()
+                results = self.final_evaluation()
+        if results is None:
+            self.log(f"[est.train] interrupted at the end of training (step {self.step}): final results not written; "
+                     "run the same command again to complete them")
+            return "interrupted"
+        self.final_results = results
+        self.tb.close()
+        return "finished"
+
     def fit(self) -> str:
-        """Train until ``total_steps``; returns "finished" or "interrupted"."""
+        """Train until ``total_steps``, then write the final results; returns "finished" or "interrupted".
+
+        A run past its last step finishes what is missing (see the module docstring).
+        """
         t, d = self.cfg.trainer, self.cfg.data
+        self._repair_best()
         if self.step >= self.total_steps:
-            self.log(f"[est.train] run already finished at step {self.step} ({self.resumed_from}); "
-                     "use a new run_dir or trainer.resume=never to train again")
-            return "finished"
+            if self.final_results_written():
+                self.log(f"[est.train] run already finished at step {self.step} ({self.resumed_from}); "
+                         "use a new run_dir or trainer.resume=never to train again")
+                return "finished"
+            self.log(f"[est.train] training reached step {self.step} but the final results are missing "
+                     "(interrupted at the end): completing them")
+            return self._finish()
         loader = make_loader(self.train_ds, self.sampler, num_workers=d.num_workers, pin_memory=self.device.type == "cuda")
         try:
             from tqdm import tqdm
@@ -510,11 +669,7 @@ class Trainer:
             self.log(f"[est.train] interrupted: saved {os.path.join(self.run_dir, 'last.pt')} at step {self.step}; "
                      "run the same command again to resume")
             return status
-        if self.last_eval_step != self.step:
-            self._eval_and_checkpoint()
-        self.final_results = self.final_evaluation()
-        self.tb.close()
-        return status
+        return self._finish()
 
     def _log_train(self, win, bar) -> None:
         vec = all_reduce_sum(torch.tensor([win["loss"], float(win["n"]), float(win["samples"])], dtype=torch.float64), self.info)
@@ -539,8 +694,11 @@ class Trainer:
         win.update(loss=0.0, n=0, t0=time.perf_counter(), samples=0, wait=0.0, eval0=self._eval_s)
 
     # ==================================================================== end of run
-    def final_evaluation(self) -> Dict[str, Dict[str, float]]:
-        """Best weights on ``trainer.final_splits``: summary table (model vs mean predictor), parity + learning-curve PNGs."""
+    def final_evaluation(self) -> Optional[Dict[str, Dict[str, float]]]:
+        """Best weights on ``trainer.final_splits``: summary table (model vs mean predictor), parity + learning-curve PNGs.
+
+        Returns None, writing no ``final_metrics.json``, when SIGTERM/SIGINT arrives (checked between splits).
+        """
         t = self.cfg.trainer
         best_path = os.path.join(self.run_dir, "best.pt")
         module = self.eval_module()
@@ -549,12 +707,18 @@ class Trainer:
             module.load_state_dict(model_state(load_checkpoint(best_path)))
         results: Dict[str, Dict[str, float]] = {}
         preds: Dict[str, Dict[str, np.ndarray]] = {}
+        if self.csv:  # rows of an earlier, interrupted final evaluation
+            self.csv.drop_rows(lambda r: str(r.get("split", "")).startswith("final_"))
         for s in t.final_splits:
             if s in self.datasets and len(self.datasets[s]):
+                if self._stop_requested():
+                    return None
                 results[s], preds[s] = self.evaluate(s, module=module, collect=True)
                 row = {"step": self.step, "epoch": self.epoch, "split": f"final_{s}", **results[s]}
                 if self.csv:
                     self.csv.write(row)
+        if self._stop_requested():
+            return None
         if self.info.is_main:
             if results:
                 names = [m for m in self.task.metric_names() if m != "loss"]
@@ -565,8 +729,6 @@ class Trainer:
             if tm and tm["steps"]:
                 print(f"[est.train] {tm['time'] / tm['steps'] * 1000:.1f} ms/step, {tm['samples'] / max(tm['time'], 1e-9):.1f} samples/s, "
                       f"data wait {100 * tm['wait'] / max(tm['time'], 1e-9):.1f}% of the time")
-            with open(os.path.join(self.run_dir, "final_metrics.json"), "w") as f:
-                json.dump({"best": self.best, "results": results, "timing": getattr(self, "timing", None)}, f, indent=2)
             if t.plots and results:
                 try:
                     plot_learning_curve(os.path.join(self.run_dir, "metrics.csv"), os.path.join(self.run_dir, "learning_curve.png"),
@@ -575,6 +737,10 @@ class Trainer:
                     plot_parity(parity_pairs(self.task, preds[split]), os.path.join(self.run_dir, f"parity_{split}.png"))
                 except Exception as exc:  # plots must never kill a finished run
                     warnings.warn(f"plotting failed: {exc}")
+            # last: its presence (naming this step) is what makes the run finished
+            _write_json_atomic({"step": self.step, "best": self.best, "results": results,
+                                "timing": getattr(self, "timing", None)}, os.path.join(self.run_dir, "final_metrics.json"))
+        barrier(self.info)
         return results
 
 
@@ -604,6 +770,9 @@ def evaluate_checkpoint(cfg: DictConfig, overrides: Sequence[str] = (), *, datas
     ecfg = OmegaConf.merge(base, OmegaConf.from_dotlist(keep)) if keep else base
     ecfg.eval_splits = list(cfg.eval_splits) if not any(o.startswith("eval_splits") for o in keep) else ecfg.eval_splits
     info = info or setup_distributed(ecfg.trainer.device)
+    problem = broadcast_object(check_run_dir(os.path.abspath(ecfg.run_dir)) if info.is_main else None, info)
+    if problem:  # before any data is read
+        raise ConfigError(problem)
     task = build_task(ecfg.data, ecfg.trainer)
     task.load_state_dict(ck["normalizers"])
     task.to(info.device)
