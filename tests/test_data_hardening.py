@@ -157,6 +157,9 @@ def test_nonfinite_positions_and_cell_name_file_key_and_ids(tmp_path):
                         multiprocessing_context=mp.get_context("fork"))
     with pytest.raises(NonFiniteInputError, match=r"fc\.lmdb key b'1'.*sid 71"):
         next(iter(loader))
+    # the trainer reads with check_finite=False and checks whole batches itself (max_bad_batches)
+    kept = LmdbDataset(f, check_finite=False)
+    assert torch.isnan(kept[1].pos).any() and torch.isinf(kept[2].cell).any()
 
 
 def test_finite_samples_leaves_out_bad_inputs_with_one_warning(tmp_path):

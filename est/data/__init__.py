@@ -3,10 +3,10 @@ QM9 (qm9pack CSVs, PyG raw folder, original xyz release), OC20-layout LMDB files
 (fairchem's and ours), ASE databases, and an OC20-layout EMT dataset generator;
 plus atom-balanced batching and fitted target statistics.
 """
-from .sample import SAMPLE_FIELDS, ALWAYS_FIELDS, make_sample
+from .sample import SAMPLE_FIELDS, ALWAYS_FIELDS, NonFiniteInputError, make_sample
 from .safe_pickle import UnsafePickleError, RestrictedUnpickler, safe_loads
 from .lmdb_io import (
-    LmdbDataset, LmdbWriter, write_lmdb, DataFileError, CorruptRecordError, DEFAULT_KEY_MAP,
+    LmdbDataset, LmdbWriter, write_lmdb, DataFileError, CorruptRecordError, DEFAULT_KEY_MAP, check_lmdb_file,
 )
 from .ase_db import AseDbDataset, atoms_to_sample
 from .qm9 import QM9, qm9_split, QM9_SIZE, STANDARD_SPLIT
@@ -20,7 +20,7 @@ from .cache import default_cache_dir
 from .graph import Graph, radius_graph
 
 __all__ = [
-    "SAMPLE_FIELDS", "ALWAYS_FIELDS", "make_sample",
+    "SAMPLE_FIELDS", "ALWAYS_FIELDS", "make_sample", "NonFiniteInputError", "check_lmdb_file",
     "UnsafePickleError", "RestrictedUnpickler", "safe_loads",
     "LmdbDataset", "LmdbWriter", "write_lmdb", "DataFileError", "CorruptRecordError", "DEFAULT_KEY_MAP",
     "AseDbDataset", "atoms_to_sample",

@@ -102,6 +102,7 @@ def record_to_sample(
     key_map: Optional[Mapping[str, Sequence[str]]] = None,
     extra_fields: Sequence[str] = (),
     where: str = "",
+    check_finite: bool = True,
 ):
     """Map a decoded record (dict of fields) to the canonical sample."""
     km = _merge_key_map(None) if key_map is None else key_map
@@ -128,7 +129,7 @@ def record_to_sample(
         if name in record and record[name] is not None:
             v = record[name]
             extra[name] = torch.as_tensor(v) if isinstance(v, np.ndarray) else v
-    return make_sample(idx=index, extra=extra, where=where, **picked)
+    return make_sample(idx=index, extra=extra, where=where, check_finite=check_finite, **picked)
 
 
 # --------------------------------------------------------------------------- file check
@@ -292,6 +293,10 @@ class LmdbDataset(Dataset):
         transform: optional callable applied to each sample.
         count_entries: for files without a ``length`` key, count the numeric
             keys instead of raising.
+        check_finite: raise :class:`~est.data.sample.NonFiniteInputError` (naming
+            the file and key) for NaN/inf positions or cells; ``False`` passes them
+            on for a consumer that checks batches itself (the trainer skips them
+            under ``trainer.max_bad_batches``).
     """
 
     def __init__(
@@ -303,8 +308,10 @@ class LmdbDataset(Dataset):
         extra_fields: Sequence[str] = (),
         transform=None,
         count_entries: bool = False,
+        check_finite: bool = True,
     ):
         self.path = os.fspath(path)
+        self.check_finite = check_finite
         self.files = _resolve_files(self.path)
         self.key_map = _merge_key_map(key_map)
         self.trusted = trusted
@@ -462,7 +469,7 @@ class LmdbDataset(Dataset):
         i, key = self.locate(index)
         sample = record_to_sample(
             record, index=index if index >= 0 else index + len(self), key_map=self.key_map,
-            extra_fields=self.extra_fields, where=f"{self.files[i]} key {key!r}",
+            extra_fields=self.extra_fields, where=f"{self.files[i]} key {key!r}", check_finite=self.check_finite,
         )
         return self.transform(sample) if self.transform is not None else sample
 

@@ -158,6 +158,7 @@ def make_sample(
     idx: Any = None,
     extra: Optional[Mapping[str, Any]] = None,
     where: str = "",
+    check_finite: bool = True,
 ) -> Data:
     """Build the canonical sample (see module docstring).
 
@@ -167,8 +168,10 @@ def make_sample(
     Float atomic numbers (old OC20 files) are rounded to int64.
     ``extra`` adds further fields unchanged (e.g. ``pos_relaxed`` for IS2RS).
     ``where`` names the source in error messages. NaN/inf ``pos``/``cell``
-    or atomic numbers raise :class:`NonFiniteInputError`; non-integral float
-    atomic numbers (beyond 1e-3) raise ``ValueError``.
+    or atomic numbers raise :class:`NonFiniteInputError` (``check_finite=False``
+    keeps non-finite positions and cells, for a consumer that checks whole
+    batches itself, like the trainer with ``max_bad_batches``); non-integral
+    float atomic numbers (beyond 1e-3) raise ``ValueError``.
     """
     pos_t = as_tensor(pos, torch.float32).reshape(-1, 3)  # [n, 3]
     n = pos_t.shape[0]
@@ -183,7 +186,7 @@ def make_sample(
     else:
         cell_t = as_tensor(cell, torch.float32).reshape(1, 3, 3)  # [1, 3, 3]
     for name, t in (("pos", pos_t), ("cell", cell_t)):  # INPUT_FLOAT_FIELDS
-        if not _all_finite(t):
+        if check_finite and not _all_finite(t):
             _raise_nonfinite(name, t, label)
     if pbc is None:
         periodic = bool(cell_t.abs().sum() > 0)
