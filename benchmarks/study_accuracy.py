@@ -18,6 +18,13 @@ Models (the shape of ``eqv2-tiny``, L = 3, 2 layers, 32 channels; QM9 uses the
 * ``est-spherical`` the spherical-only update (``update="spherical"``),
 * ``est-t4`` / ``est-t8`` / ``est-t12``: ``est-default`` with the spherical
   Transformer's t-design of degree 4 / 8 / 12 (accuracy vs S on QM9).
+* training parity, one factor at a time on ``est-ffn``: ``est-ffn-eqv2init``
+  (EquiformerV2's weight initialisation), ``est-ffn-strict`` (exactly
+  ``max_neighbors`` neighbours, ties broken), ``est-ffn-roll`` (random edge-frame
+  roll in training), ``est-ffn-fairchem`` (all three)::
+
+      python benchmarks/study_accuracy.py --data emt --seeds 0 1 2 3 4 --root runs/parity --save-as parity \
+          --models fairchem est-ffn est-ffn-eqv2init est-ffn-strict est-ffn-roll est-ffn-fairchem
 
 Data sets (both offline):
 
@@ -78,6 +85,12 @@ MODELS: dict[str, list[str]] = {
     "est-t4": ["model.update=est", "model.est_grid_degree=4"],
     "est-t8": ["model.update=est", "model.est_grid_degree=8"],
     "est-t12": ["model.update=est", "model.est_grid_degree=12"],
+    # training parity with fairchem, one factor at a time (est's EquiformerV2 + fairchem's choice)
+    "est-ffn-eqv2init": ["model.update=ffn", "model.weight_init=eqv2"],
+    "est-ffn-strict": ["model.update=ffn", "model.neighbor_tie_mode=strict"],
+    "est-ffn-roll": ["model.update=ffn", "model.edge_roll=true"],
+    "est-ffn-fairchem": ["model.update=ffn", "model.weight_init=eqv2", "model.neighbor_tie_mode=strict",
+                         "model.edge_roll=true"],
 }
 #: models defined on some data sets only (the S sweep's degrees are for QM9's L = 2)
 ONLY_ON: dict[str, set[str]] = {"est-t4": {"qm9"}, "est-t8": {"qm9"}, "est-t12": {"qm9"}}

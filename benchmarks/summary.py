@@ -52,7 +52,9 @@ PRIMARY = {"qm9": "mae_gap", "emt": "forces_mae"}
 LABELS = {"fairchem": "fairchem EquiformerV2", "est-ffn": "est EquiformerV2 (`update=\"ffn\"`)",
           "est-default": "est EST (default)", "est-paper": "est EST (paper preset)",
           "est-spherical": "est spherical experts only", "est-t4": "est EST, ST on t=4 (S=12)",
-          "est-t8": "est EST, ST on t=8 (S=36)", "est-t12": "est EST, ST on t=12 (S=86)"}
+          "est-t8": "est EST, ST on t=8 (S=36)", "est-t12": "est EST, ST on t=12 (S=86)",
+          "est-ffn-eqv2init": "est-ffn + EquiformerV2 init", "est-ffn-strict": "est-ffn + strict max_neighbors",
+          "est-ffn-roll": "est-ffn + random edge roll", "est-ffn-fairchem": "est-ffn + all three"}
 
 
 def load(name: str) -> dict[str, Any] | None:
@@ -215,7 +217,7 @@ def main(argv=None) -> int:
     blocks: dict[str, str] = {}
     acc = load("accuracy")
     # (results name, README block prefix): the main study, and the same study on the published 18x18 grid
-    for result, prefix in (("accuracy", ""), ("accuracy_grid18", "grid18-")):
+    for result, prefix in (("accuracy", ""), ("accuracy_grid18", "grid18-"), ("parity", "parity-")):
         d = load(result)
         if not d:
             continue
