@@ -61,8 +61,8 @@ class ModelConfig:
     num_radial: int = 600
     radial_width_factor: float = 2.0
     envelope: str | None = None
-    # initialisation: "eqv2" (EquiformerV2's / fairchem's: linears N(0, 1/fan_in), zero biases,
-    # radial MLPs uniform) or "torch" (PyTorch's defaults); est.models.init
+    # initialisation (est.models.init): "eqv2" (EquiformerV2's published configs: PyTorch's uniform
+    # weights, zero biases), "eqv2-normal" (fairchem's class default: N(0, 1/fan_in) weights), "torch"
     weight_init: str = "torch"
     # regularisation
     drop_path: float = 0.05
@@ -117,8 +117,10 @@ class ModelConfig:
         for name in ("energy_reduce", "property_reduce"):
             if getattr(self, name) not in ("sum", "mean"):
                 raise ValueError(f"ModelConfig.{name} must be 'sum' or 'mean', got {getattr(self, name)!r}")
-        if self.weight_init not in ("eqv2", "torch"):
-            raise ValueError(f"ModelConfig.weight_init must be 'eqv2' or 'torch', got {self.weight_init!r}")
+        if self.weight_init not in ("eqv2", "eqv2-normal", "torch"):
+            raise ValueError(
+                f"ModelConfig.weight_init must be 'eqv2', 'eqv2-normal' or 'torch', got {self.weight_init!r}"
+            )
         if self.neighbor_tie_mode not in ("include", "strict"):
             raise ValueError(f"ModelConfig.neighbor_tie_mode must be 'include' or 'strict', got {self.neighbor_tie_mode!r}")
         if self.avg_num_nodes <= 0 or self.avg_degree <= 0:

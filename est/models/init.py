@@ -1,19 +1,24 @@
 r"""Weight initialisation schemes for the backbone (``ModelConfig.weight_init``).
 
-* ``"eqv2"`` (EquiformerV2's, as in fairchem 1.10 and the released EST code,
-  applied to the whole model including the EST block):
+EquiformerV2 (fairchem 1.10, ``eqv2_init_weights``) zeroes the bias of every
+linear layer, sets layer norms to weight 1 / bias 0 and draws the linears of
+its radial MLPs from :math:`\mathcal U(\pm 1/\sqrt{\text{fan\_in}})`; its
+``weight_init`` option then decides the other linear weights:
 
-  - every ``nn.Linear`` and :class:`~est.nn.DegreeLinear` (fairchem's
-    ``SO3_LinearV2``) outside the radial MLPs: bias 0,
-    :math:`W \sim \mathcal N(0, 1/\text{fan\_in})`;
-  - the linears of every :class:`~est.nn.radial.RadialMLP` (fairchem's
-    ``RadialFunction``): bias 0, :math:`W \sim \mathcal U(-1/\sqrt{\text{fan\_in}}, 1/\sqrt{\text{fan\_in}})`;
-  - layer norms: weight 1, bias 0; embeddings and attention vectors keep their
-    constructors' initialisation (the same as EquiformerV2's).
+* ``"eqv2"`` (EquiformerV2's published OC20 configs, ``weight_init: uniform``):
+  the weights keep :math:`\mathcal U(\pm 1/\sqrt{\text{fan\_in}})`, PyTorch's
+  default for ``nn.Linear`` and our :class:`~est.nn.DegreeLinear`'s; only the
+  biases change (zero). ``benchmarks/bench_init_vs_fairchem.py`` checks the
+  statistics against fairchem's model.
+* ``"eqv2-normal"`` (fairchem's class default ``weight_init="normal"``): linear
+  weights outside the radial MLPs :math:`\sim\mathcal N(0, 1/\text{fan\_in})`
+  (3x the variance), zero biases.
+* ``"torch"``: PyTorch's defaults, including biases
+  :math:`\mathcal U(\pm 1/\sqrt{\text{fan\_in}})`.
 
-* ``"torch"``: PyTorch's defaults (``nn.Linear``: weight and bias
-  :math:`\mathcal U(\pm 1/\sqrt{\text{fan\_in}})`, i.e. a weight variance 3x
-  smaller than ``"eqv2"``), the constructors' own choices elsewhere.
+Embeddings and attention vectors keep their constructors' initialisation
+(the same as EquiformerV2's). The EST block's layers follow the same rule
+(the released EST module is built inside EquiformerV2's model class).
 """
 from __future__ import annotations
 
@@ -27,11 +32,7 @@ from ..nn.radial import RadialMLP
 
 __all__ = ["WEIGHT_INITS", "init_weights_"]
 
-WEIGHT_INITS = ("eqv2", "torch")
-
-
-def _normal_(weight: torch.Tensor, fan_in: int) -> None:
-    nn.init.normal_(weight, 0.0, 1.0 / math.sqrt(fan_in))
+WEIGHT_INITS = ("eqv2", "eqv2-normal", "torch")
 
 
 @torch.no_grad()
@@ -41,21 +42,14 @@ def init_weights_(model: nn.Module, scheme: str) -> nn.Module:
         raise ValueError(f"weight_init must be one of {WEIGHT_INITS}, got {scheme!r}")
     if scheme == "torch":
         return model
-    radial_linears = {id(m) for r in model.modules() if isinstance(r, RadialMLP) for m in r.modules()
-                      if isinstance(m, nn.Linear)}
+    radial = {id(m) for r in model.modules() if isinstance(r, RadialMLP) for m in r.modules()}
     for m in model.modules():
-        if isinstance(m, nn.Linear):
+        if isinstance(m, (nn.Linear, DegreeLinear)):
             if m.bias is not None:
                 m.bias.zero_()
-            if id(m) in radial_linears:
-                bound = 1.0 / math.sqrt(m.in_features)
-                nn.init.uniform_(m.weight, -bound, bound)
-            else:
-                _normal_(m.weight, m.in_features)
-        elif isinstance(m, DegreeLinear):
-            if m.bias is not None:
-                m.bias.zero_()
-            _normal_(m.weight, m.in_channels)
+            if scheme == "eqv2-normal" and id(m) not in radial:
+                fan_in = m.in_features if isinstance(m, nn.Linear) else m.in_channels
+                nn.init.normal_(m.weight, 0.0, 1.0 / math.sqrt(fan_in))
         elif isinstance(m, nn.LayerNorm) and m.elementwise_affine:
             m.weight.fill_(1.0)
             if m.bias is not None:
