@@ -9,7 +9,10 @@ For each atom, with features :math:`h \in \mathbb{R}^{K\times C}` and points
 3. :math:`Q, K, V = F W_{q,k,v} + b`, split into heads;
 4. orientation encoding: ``"concat"`` appends :math:`p_s` to every head's
    queries and keys, so logits are :math:`(q_s\cdot k_t + p_s\cdot p_t)/\sqrt{d+3}`
-   (the paper); ``"bias"`` adds a learned :math:`\sum_n a_{hn} P_n(p_s\cdot p_t)`
+   (the paper). :math:`p_s\cdot p_t` is the same for rotated grids, so we add
+   the constant ``[S, S]`` bias :math:`P P^\top/\sqrt{d+3}` and scale
+   :math:`q\cdot k` by :math:`1/\sqrt{d+3}` instead of concatenating (the same
+   function, less work); ``"bias"`` adds a learned :math:`\sum_n a_{hn} P_n(p_s\cdot p_t)`
    (Legendre polynomials; rotation invariant); ``"none"`` adds nothing;
 5. softmax attention over the S points (``scaled_dot_product_attention``),
    with :math:`\log w_t` added to the logits when the quadrature weights
@@ -35,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..sphere.masters import Float64Masters
 from .grid import GridConfig, check_features, check_float16_output, check_positive, is_float16, warn_float16
 
 __all__ = ["SphericalTransformer", "SphericalTransformerConfig", "ENCODINGS"]
@@ -65,7 +69,7 @@ def _legendre_table(cosines: np.ndarray, degree: int) -> np.ndarray:
     return np.stack(P[: degree + 1])
 
 
-class SphericalTransformer(nn.Module):
+class SphericalTransformer(Float64Masters):
     """``forward(x [N, K, C], gates [N, E] | None, rotation=None) -> [N, K, C]``.
 
     ``rotation``: ``(D [N, K, K], R [N, 3, 3])`` rotating each atom's grid.
@@ -91,14 +95,18 @@ class SphericalTransformer(nn.Module):
         )
         w = self.sft._masters["weights"]
         if not torch.allclose(w, w.mean().expand_as(w), rtol=1e-9, atol=0):
-            lw = torch.log(w / w.mean()).to(torch.get_default_dtype())
-            self.register_buffer("log_weights", lw, persistent=False)  # [S]
+            self.register_master("log_weights", torch.log(w / w.mean()))  # [S]
         else:
             self.log_weights = None
+        d = C // cfg.num_heads
+        self.scale = 1.0 / np.sqrt(d + 3) if cfg.encoding == "concat" else 1.0 / np.sqrt(d)
+        if cfg.encoding == "concat":  # p_s . p_t / sqrt(d + 3): what appending p to q and k adds to the logits
+            pts = self.sft.points64
+            self.register_master("orientation_bias", (pts @ pts.T) * self.scale)  # [S, S]
         if cfg.encoding == "bias":
             pts = self.sft.points64.numpy()
             table = _legendre_table(np.clip(pts @ pts.T, -1, 1), cfg.bias_degree)  # [D+1, S, S]
-            self.register_buffer("legendre", torch.from_numpy(table).to(torch.get_default_dtype()), persistent=False)
+            self.register_master("legendre", torch.from_numpy(table))  # [D+1, S, S]
             self.bias_coeff = nn.Parameter(torch.zeros(cfg.num_heads, cfg.bias_degree + 1))  # [H, D+1]
         self.check_inputs = True
 
@@ -106,6 +114,8 @@ class SphericalTransformer(nn.Module):
         bias = None
         if self.config.encoding == "bias":
             bias = torch.einsum("hd,dst->hst", self.bias_coeff.to(dtype), self.legendre.to(dtype))  # [H, S, S]
+        elif self.config.encoding == "concat":
+            bias = self.orientation_bias.to(dtype)  # [S, S]
         if self.log_weights is not None:
             lw = self.log_weights.to(dtype)[None, None, :]  # [1, 1, S] over keys
             bias = lw if bias is None else bias + lw
@@ -129,12 +139,8 @@ class SphericalTransformer(nn.Module):
         f = self.point_norm(self.sft.to_sphere(x, rotation=D))  # [N, S, C]
         S = f.shape[1]
         q, k, v = (lin(f).unflatten(-1, (H, -1)).transpose(1, 2) for lin in (self.q, self.k, self.v))  # [N, H, S, d]
-        if cfg.encoding == "concat":
-            pts = self.sft.points.to(x.dtype)  # [S, 3]
-            pts = pts.expand(N, S, 3) if R is None else pts @ R.transpose(-1, -2)  # [N, S, 3]
-            pts = pts[:, None].expand(N, H, S, 3)  # [N, H, S, 3]
-            q, k = torch.cat([q, pts], dim=-1), torch.cat([k, pts], dim=-1)  # [N, H, S, d+3]
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=self._attention_bias(q.dtype))  # [N, H, S, d]
+        bias = self._attention_bias(q.dtype)  # [S, S], [H, S, S] or None
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=self.scale)  # [N, H, S, d]
         o = o.transpose(1, 2).flatten(-2)  # [N, S, C]
         if gates is None:
             gates = x.new_full((N, cfg.num_experts), 1.0 / cfg.num_experts)

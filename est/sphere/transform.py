@@ -49,6 +49,7 @@ from torch import nn
 
 from ..so3._harmonics import spherical_harmonics
 from ..so3._layout import check_lmax, degree_index, num_coefficients
+from .masters import Float64Masters
 from .points import default_num_points, sphere_points
 
 __all__ = ["SphericalFourierTransform", "NORMALIZATIONS", "DEGREE_SCALINGS", "degree_scale", "transform_matrices"]
@@ -130,7 +131,7 @@ def _apply_matrix(M: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return y.view(M.shape[0], N, C).transpose(0, 1)  # [N, P, C] (explicit P: N may be 0)
 
 
-class SphericalFourierTransform(nn.Module):
+class SphericalFourierTransform(Float64Masters):
     """Irreps ``[N, K, C]`` <-> sphere samples ``[N, S, C]`` by two cached matmuls.
 
     Args (keyword-only after ``lmax``):
@@ -183,17 +184,8 @@ class SphericalFourierTransform(nn.Module):
             A, B = A * n, B / n[:, None]
         # float64 masters: every cast of the module re-derives its buffers from
         # them, so .float().double() does not lose precision (see _apply)
-        self._masters = dict(points=points, weights=weights, to_matrix=A, from_matrix=B)
-        dtype = torch.get_default_dtype()
-        for name, value in self._masters.items():
-            self.register_buffer(name, value.to(dtype), persistent=False)
-
-    def _apply(self, fn, *args, **kwargs):
-        out = super()._apply(fn, *args, **kwargs)
-        for name, master in self._masters.items():
-            buf = getattr(self, name)
-            setattr(self, name, master.to(device=buf.device, dtype=buf.dtype))
-        return out
+        for name, value in dict(points=points, weights=weights, to_matrix=A, from_matrix=B).items():
+            self.register_master(name, value)
 
     @property
     def points64(self) -> torch.Tensor:
