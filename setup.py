@@ -7,7 +7,8 @@ setup(
     description="Equivariant Spherical Transformer (EST) layers and EquiformerV2-style backbones",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    python_requires=">=3.9",
+    # dataclass(kw_only=True) and PEP 604 unions at runtime need Python 3.10
+    python_requires=">=3.10",
     packages=find_packages(include=["est", "est.*"]),
     package_data={"est.sphere": ["data/*.npz"], "est.data": ["assets/*"]},
     include_package_data=True,
@@ -25,5 +26,7 @@ setup(
         "qm9": ["qm9pack"],
         # tests, design generation (scipy), plots, and executing the notebooks in tests
         "dev": ["pytest>=7", "scipy", "matplotlib", "nbformat", "nbclient", "ipykernel"],
+        # the trainer's optional tb/ event files (est.train.logs.TensorBoard is a no-op without it)
+        "tensorboard": ["tensorboard"],
     },
 )

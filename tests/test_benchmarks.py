@@ -101,3 +101,23 @@ def test_fairchem_absent_is_a_clear_skip(bench_modules, monkeypatch):
     with pytest.raises(RuntimeError, match="setup_fairchem.sh"):
         fe.trainable(name="eqv2-tiny")
     assert "fairchem" in sys.modules["study_accuracy"].MODELS
+
+
+def test_cpu_shapes_have_fairchem_parameter_counts_exactly(bench_modules):
+    """bench_vs_fairchem's tiny and small shapes, built as that script builds them (comparable_config),
+    have exactly the parameter counts fairchem-core's EquiformerV2 had there (vs_fairchem.json), which
+    docs/results.md quotes."""
+    import json
+
+    from est.models import EquiformerV2
+
+    fe = importlib.import_module("fairchem_eqv2")
+    vs = importlib.import_module("bench_vs_fairchem")
+    rows = json.loads((BENCH / "results" / "vs_fairchem.json").read_text())["rows"]
+    fairchem = {r["shape"]: round(r["params_M"] * 1e6) for r in rows if r.get("model") == "fairchem"}
+    docs = (BENCH.parent / "docs" / "results.md").read_text()
+    for shape in ("tiny", "small"):
+        name, graph, _, _ = vs.SHAPES[shape]
+        n = EquiformerV2(fe.comparable_config(name, **graph)).num_parameters()
+        assert n == fairchem[shape], (shape, n, fairchem[shape])
+        assert f"{n:,}" in docs, f"docs/results.md should quote {n:,} for the {shape} shape"

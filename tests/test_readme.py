@@ -36,5 +36,6 @@ def test_readme_estblock_example_runs_and_is_equivariant():
     R = random_rotation(1)[0]
     D = wigner_D(L, R[None])[0]
     rot = layer(D @ x, pos @ R.T, edge_index, batch)
-    # the default EST grid samples a t-design of degree 3L: aliasing ~1e-2 relative at most
-    assert float((rot - D @ out).norm() / out.norm()) < 5e-2
+    # the default EST grid samples a t-design of degree 3L: aliasing. Measured (relative L2, 5 inits x 10
+    # rotations): <= 1.6e-3; the tolerance is ~10x that
+    assert float((rot - D @ out).norm() / out.norm()) < 1.5e-2

@@ -72,10 +72,8 @@ def test_load_model_for_check_protocol(monkeypatch, tmp_path):
 
 
 def test_checkpoint_in_est_train_format(tmp_path, capsys):
-    pytest.importorskip("est.train.checkpoint")
-    from est.train.checkpoint import save_checkpoint
-
     from est.testing.toy_models import MorsePotential
+    from est.train.checkpoint import save_checkpoint
 
     model = MorsePotential(cutoff=3.0)
     path = str(tmp_path / "last.pt")
@@ -90,3 +88,51 @@ def test_usage_errors_exit_2():
     with pytest.raises(SystemExit) as err:
         check.main([])
     assert err.value.code == 2
+    for argv in (["--factory", FACTORY, "--rotatons", "2"], ["--factory", FACTORY, "--dtype", "float16"]):
+        with pytest.raises(SystemExit) as err:  # argparse: unknown option, bad choice
+            check.main(argv)
+        assert err.value.code == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--config", "est-tni"], "--config: ValueError: unknown model 'est-tni'; known: "),
+    (["--config", "est-tiny", "--set", "lmx=3"], "unknown model config keys ['lmx']"),
+    (["--factory", FACTORY, "--set", "cutof=3.0"], "--factory: TypeError:"),
+    (["--factory", FACTORY, "--sample", "molecul"], "neither a built-in"),
+])
+def test_typos_in_names_and_options_exit_2_with_the_problem_named(argv, message, capsys):
+    assert check.main(argv) == 2  # 1 is reserved for "a check failed"
+    err = capsys.readouterr().err
+    assert message in err and "usage: python -m est.testing.check" in err
+
+
+def test_unreadable_sample_file_and_a_crashing_model(tmp_path, capsys, monkeypatch):
+    garbage = tmp_path / "structure.xyz"
+    garbage.write_bytes(b"\x00\x01 not a structure")
+    assert check.main(["--factory", FACTORY, "--sample", str(garbage)]) == 2
+    assert "cannot read sample file" in capsys.readouterr().err
+    mod = types.ModuleType("crashing_models_for_cli")
+
+    def make():
+        def fn(positions, numbers, cell, pbc):
+            raise RuntimeError("boom")
+
+        return fn
+
+    mod.make = make
+    monkeypatch.setitem(sys.modules, "crashing_models_for_cli", mod)
+    assert check.main(["--factory", "crashing_models_for_cli:make", "--sample", "molecule"]) == 3
+    assert "the model raised RuntimeError on sample 'molecule': boom" in capsys.readouterr().err
+
+
+def test_dtype_model_checks_in_the_models_own_dtype(capsys, monkeypatch):
+    from est.testing.toy_models import MorsePotential
+
+    mod = types.ModuleType("float32_models_for_cli")
+    mod.make = lambda: MorsePotential(cutoff=3.0)  # float32
+    monkeypatch.setitem(sys.modules, "float32_models_for_cli", mod)
+    argv = ["--factory", "float32_models_for_cli:make", "--sample", "molecule", "--refine", "0"]
+    assert check.main(argv + ["--dtype", "model"]) == 0
+    assert "(float32)" in capsys.readouterr().out
+    assert check.main(argv) == 0
+    assert "(float64)" in capsys.readouterr().out  # the default

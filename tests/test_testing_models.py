@@ -54,11 +54,71 @@ def test_slab_supercells_only_along_periodic_axes():
 
 
 def test_float32_model_does_not_falsely_fail():
-    model = MorsePotential(cutoff=3.0)  # float32 parameters: checked in float32 with float32 tolerances
-    check_model(model, example_molecule(8)).assert_ok()
-    report = check_model(model, example_crystal(), **FAST)
+    model = MorsePotential(cutoff=3.0)  # float32 parameters, checked in its own dtype with float32 tolerances
+    check_model(model, example_molecule(8), dtype="model").assert_ok()
+    report = check_model(model, example_crystal(), dtype=torch.float32, **FAST)
     report.assert_ok()
     assert report.dtype == torch.float32 and report.max_rel() > 1e-9  # real rounding, inside 1e-4
+
+
+def test_float64_by_default_on_a_cast_copy():
+    """Documented and done: checks run in float64 on a copy; the caller's float32 model is untouched."""
+    model = MorsePotential(cutoff=3.0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    report = check_model(model, example_molecule(6), checks=["rotation"])
+    report.assert_ok()
+    assert report.dtype == F64 and report.max_rel() < 1e-12  # float32 rounding would be ~1e-7
+    assert all(v.dtype == torch.float32 and torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert CallableAdapter(morse_callable(cutoff=3.0)).dtype == F64
+
+
+def test_function_in_another_dtype_gets_a_hint():
+    w = torch.ones(3, 3)  # float32 weights inside a plain function: it cannot be cast
+
+    def fn(positions, numbers, cell, pbc):
+        return {"energy": (positions @ w).pow(2).sum()}
+
+    with pytest.raises(RuntimeError, match=r"dtype=torch\.float32"):
+        check_model(fn, example_molecule(4), checks=["rotation"])
+    check_model(fn, example_molecule(4), checks=["translation"], dtype=torch.float32)  # runs
+
+
+# --------------------------------------------------------------------------- est's own models
+# rotation errors of tiny float64 est models seen through check_model (6-atom molecule, 4 Haar
+# rotations + the 14 special ones + 4 search steps; 3 inits): est-tiny 1.1e-7, eqv2-tiny 1.1e-5 relative;
+# 4-atom crystal (cell_rotation): 1.2e-7, 3.2e-6. Translations, permutations, lattice shifts and
+# supercells are exact to 6e-15 (the float64 default 1e-10 applies). Update block alone on random
+# lmax = 3 features (5 nodes, 32 channels): 6.7e-4 (EST), 2.0e-3 (update="ffn").
+EST_MODEL_TOL = {"est-tiny": (1e-6, 7e-3), "eqv2-tiny": (1e-4, 2e-2)}  # (model rotation, update block)
+
+
+@pytest.mark.parametrize("name", list(EST_MODEL_TOL))
+def test_est_models_pass_check_model_and_their_update_block_assert_equivariant(name):
+    from est.models import build_model
+    from est.testing import assert_equivariant
+
+    model = build_model(name, regress_forces="direct")  # float32, as users build it
+    model_tol, block_tol = EST_MODEL_TOL[name]
+    report = check_model(model, example_molecule(6), checks=["repeat", "rotation", "translation", "permutation"],
+                         num_rotations=2, refine_steps=2, num_translations=1, num_permutations=1)
+    assert report.dtype == F64 and next(model.parameters()).dtype == torch.float32
+    report.assert_ok(tol={"rotation": model_tol})
+    assert report.max_rel("rotation") > 1e-12  # the grids' aliasing is measured, not hidden
+    block = model.backbone.update_blocks[0]
+    assert_equivariant(block, lmax=3, channels=32, num_nodes=5, num_rotations=4, refine_steps=4, tol=block_tol)
+
+
+def test_est_model_on_a_crystal_and_per_module_profile():
+    from est.models import build_model
+    from est.testing import check_modules
+
+    model = build_model("est-tiny", regress_forces="direct")
+    report = check_model(model, example_crystal(), checks=["cell_rotation", "lattice_shift", "supercell"],
+                         num_rotations=1, refine_steps=0, num_shifts=1)
+    report.assert_ok(tol={"cell_rotation": EST_MODEL_TOL["est-tiny"][0]})
+    assert {"lattice_shift", "supercell_2x1x1", "supercell_1x1x2"} <= set(report.checks)
+    profile = check_modules(model, example_molecule(5), num_rotations=1)  # hooks on the float64 copy
+    assert profile.dtype == F64 and any(m.startswith("backbone.update_blocks.0") for m in profile.meta["modules"])
 
 
 def test_callable_adapter_e3nn_model_is_o3_equivariant():

@@ -17,7 +17,6 @@ output is compared with the transformed reference output ``f(x)``:
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 from typing import Any, Callable, Mapping, Sequence
 
@@ -25,19 +24,12 @@ import torch
 
 from est.so3 import num_coefficients
 
+from ._cast import DTYPE_HINT, is_dtype_error, resolve_dtype
 from ._report import EquivarianceReport, Recorder, Tolerance, make_tolerance
 from ._reps import Rep, as_rep
 from ._rotations import describe_rotation, search_worst_rotation
 
 __all__ = ["assert_equivariant", "equivariance_report"]
-
-
-def _module_dtype(fn: Any) -> torch.dtype | None:
-    if isinstance(fn, torch.nn.Module):
-        for p in list(fn.parameters()) + list(fn.buffers()):
-            if p.is_floating_point():
-                return p.dtype
-    return None
 
 
 def _as_outputs(out: Any) -> dict[str, torch.Tensor]:
@@ -103,7 +95,7 @@ def equivariance_report(
     channels: int = 8,
     num_nodes: int = 6,
     batch: torch.Tensor | int | None = None,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
     tol: float | Tolerance | None = None,
     atol: float | None = None,
     parity: bool = False,
@@ -136,8 +128,10 @@ def equivariance_report(
         batch: graph index ``[num_nodes]`` (or a number of graphs, split
             evenly), passed as ``fn(..., batch=batch)``; permutations then stay
             within graphs.
-        dtype: of the random inputs. Default: the module's parameter dtype,
-            else float64. A module in another dtype is copied and cast.
+        dtype: what the check runs in: float64 by default; ``"model"``: the
+            module's own parameter dtype. A module in another dtype is copied
+            and cast (yours is not changed); random and given floating inputs
+            are cast to it. A plain function gets inputs in this dtype.
         tol, atol: relative / absolute tolerance (default from the dtype:
             float64 1e-10, float32 1e-4, for exactly equivariant layers; pass
             the stated bound for sampled ones).
@@ -149,11 +143,8 @@ def equivariance_report(
         seed: every random draw comes from ``torch.Generator().manual_seed(seed)``.
     """
     gen = torch.Generator().manual_seed(seed)
-    mod_dtype = _module_dtype(fn)
-    if dtype is None:
-        dtype = mod_dtype or torch.float64
-    elif mod_dtype is not None and mod_dtype != dtype:
-        fn = copy.deepcopy(fn).to(dtype)
+    given = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs or ())
+    fn, dtype = resolve_dtype(fn, dtype, inputs=given)
     title = name or getattr(fn, "__name__", None) or type(fn).__name__
 
     # ---------------------------------------------------------------- inputs
@@ -178,7 +169,7 @@ def equivariance_report(
                 torch.randn(num_nodes, r.irreps.dim, generator=gen, dtype=torch.float64).to(dtype) for r in reps
             )
     else:
-        inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+        inputs = tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in given)
         specs = _spec_list(in_reps, len(inputs), "in_reps")
         if specs is None and irreps is not None:
             specs = _spec_list(irreps, len(inputs), "irreps")
@@ -205,7 +196,12 @@ def equivariance_report(
         return _as_outputs(fn(*args, **kwargs))
 
     with _eval_mode(fn):
-        ref = call(inputs)
+        try:
+            ref = call(inputs)
+        except RuntimeError as err:
+            if is_dtype_error(err):
+                raise RuntimeError(f"assert_equivariant: {title} failed on {dtype} inputs: {err}. {DTYPE_HINT}") from err
+            raise
         out_specs = out_reps
         if out_specs is None and hasattr(fn, "irreps_out") and len(ref) == 1:
             out_specs = fn.irreps_out

@@ -47,6 +47,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from ._cast import DTYPE_HINT, is_dtype_error, resolve_dtype
 from ._report import EquivarianceReport, Recorder, Tolerance, make_tolerance
 from ._reps import Rep, as_rep
 from ._rotations import describe_rotation, search_worst_rotation
@@ -222,6 +223,17 @@ def _eval(model: Any):
         yield
 
 
+@contextlib.contextmanager
+def _dtype_hint(name: str, dtype: torch.dtype):
+    """Mixed-dtype errors from inside the model, re-raised with the fix."""
+    try:
+        yield
+    except RuntimeError as err:
+        if is_dtype_error(err):
+            raise RuntimeError(f"check_model: {name} failed with {dtype} positions: {err}. {DTYPE_HINT}") from err
+        raise
+
+
 def _detach(out: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     """Outputs as detached CPU tensors (comparisons run on the CPU, in float64)."""
     return {k: v.detach().cpu() for k, v in out.items() if isinstance(v, torch.Tensor)}
@@ -240,7 +252,9 @@ class CallableAdapter(Adapter):
     Args:
         fn: the callable; positions and cell are passed in ``dtype``, on
             ``device`` (default: the module's device, else the CPU).
-        dtype: what the model computes in (sets the default tolerance).
+        dtype: what the check runs in (sets the default tolerance): float64
+            by default, ``"model"`` for a module's own dtype. A module in
+            another dtype is copied and cast (yours is not changed).
         output_types: ``{output name: representation}`` overrides
             (``"vector"``, ``"rank2"``, ``"scalar"``, an e3nn Irreps, ...).
     """
@@ -249,21 +263,20 @@ class CallableAdapter(Adapter):
         self,
         fn: Callable,
         *,
-        dtype: torch.dtype = torch.float64,
+        dtype: torch.dtype | str | None = None,
         device: torch.device | str | None = None,
         output_types: Mapping[str, Any] | None = None,
         name: str | None = None,
     ) -> None:
-        self.fn = fn
-        self.dtype = dtype
+        self.name = name or getattr(fn, "__name__", type(fn).__name__)
+        self.fn, self.dtype = resolve_dtype(fn, dtype)
         self.device = torch.device(device) if device is not None else _model_device(fn)
         self.output_types = dict(output_types or {})
-        self.name = name or getattr(fn, "__name__", type(fn).__name__)
 
     def __call__(self, system: System) -> dict[str, torch.Tensor]:
         dev = self.device
         cell = None if system.cell is None else system.cell.to(device=dev, dtype=self.dtype)
-        with _eval(self.fn):
+        with _eval(self.fn), _dtype_hint(self.name, self.dtype):
             out = self.fn(system.pos.to(device=dev, dtype=self.dtype), system.numbers.to(dev), cell, system.pbc.to(dev))
         if not isinstance(out, Mapping):
             raise TypeError(f"{self.name} must return a dict of outputs (e.g. {{'energy': ..., 'forces': ...}}), got {type(out).__name__}")
@@ -280,8 +293,9 @@ class BatchModelAdapter(Adapter):
     first dimension is 1 while the structure has more atoms.
 
     Args:
-        dtype: default: the model's parameter dtype (float64 if it has none).
-            The model is not converted; call ``model.double()`` to check in float64.
+        dtype: what the check runs in: float64 by default, ``"model"`` for the
+            model's own parameter dtype. A model in another dtype is copied
+            and cast (yours is not changed); positions and cell are passed in it.
         device: where the batch goes (default: the model's device); outputs
             come back to the CPU for the comparisons.
     """
@@ -290,23 +304,15 @@ class BatchModelAdapter(Adapter):
         self,
         model: Callable,
         *,
-        dtype: torch.dtype | None = None,
+        dtype: torch.dtype | str | None = None,
         device: torch.device | str | None = None,
         output_types: Mapping[str, Any] | None = None,
         name: str | None = None,
     ) -> None:
-        self.model = model
-        self.device = torch.device(device) if device is not None else _model_device(model)
-        if dtype is None:
-            dtype = torch.float64
-            if isinstance(model, torch.nn.Module):
-                for p in list(model.parameters()) + list(model.buffers()):
-                    if p.is_floating_point():
-                        dtype = p.dtype
-                        break
-        self.dtype = dtype
-        self.output_types = dict(output_types or {})
         self.name = name or type(model).__name__
+        self.model, self.dtype = resolve_dtype(model, dtype)
+        self.device = torch.device(device) if device is not None else _model_device(model)
+        self.output_types = dict(output_types or {})
 
     def batch(self, system: System):
         from torch_geometric.data import Batch, Data
@@ -329,7 +335,7 @@ class BatchModelAdapter(Adapter):
         return Batch.from_data_list([Data(**fields)]).to(self.device)
 
     def __call__(self, system: System) -> dict[str, torch.Tensor]:
-        with _eval(self.model):
+        with _eval(self.model), _dtype_hint(self.name, self.dtype):
             out = self.model(self.batch(system))
         if not isinstance(out, Mapping):
             raise TypeError(f"{self.name}(batch) must return a dict (model contract), got {type(out).__name__}")
@@ -342,10 +348,12 @@ class BatchModelAdapter(Adapter):
         return res
 
 
-def as_adapter(model: Any, *, dtype: torch.dtype | None = None, output_types: Mapping[str, Any] | None = None) -> Adapter:
+def as_adapter(
+    model: Any, *, dtype: torch.dtype | str | None = None, output_types: Mapping[str, Any] | None = None
+) -> Adapter:
     """An :class:`Adapter` for ``model``: adapters pass through; callables of four (or more)
     parameters get :class:`CallableAdapter`; one-argument models (``model(batch)``) get
-    :class:`BatchModelAdapter`."""
+    :class:`BatchModelAdapter`. ``dtype``: float64 by default (see :class:`BatchModelAdapter`)."""
     if isinstance(model, Adapter):
         return model
     if not callable(model):
@@ -360,7 +368,7 @@ def as_adapter(model: Any, *, dtype: torch.dtype | None = None, output_types: Ma
     except (TypeError, ValueError):
         nparams = 1
     if nparams >= 3:
-        return CallableAdapter(model, dtype=dtype or torch.float64, output_types=output_types)
+        return CallableAdapter(model, dtype=dtype, output_types=output_types)
     if nparams == 1:
         return BatchModelAdapter(model, dtype=dtype, output_types=output_types)
     raise TypeError(
@@ -379,7 +387,7 @@ def check_model(
     sample: Any,
     *,
     checks: Sequence[str] | None = None,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
     output_types: Mapping[str, Any] | None = None,
     tol: float | Tolerance | None = None,
     atol: float | None = None,
@@ -406,8 +414,10 @@ def check_model(
             permutation, reflection, lattice_shift, supercell`` (default: all
             that apply; ``rotation`` and ``cell_rotation`` are the same check,
             named by whether the sample is periodic).
-        dtype: for callables, the dtype positions are passed in; for est
-            models, the model's own dtype is used (sets the default tolerance).
+        dtype: what the check runs in (sets the default tolerance): float64
+            by default; ``"model"``: the model's own parameter dtype. A model
+            in another dtype is copied and cast (yours is not changed);
+            positions and cell are passed in this dtype.
         tol, atol: relative / absolute tolerance (dtype default).
         parity: assert the reflection check instead of only reporting it.
         rotations: fixed ``[M, 3, 3]`` rotations instead of the search.

@@ -42,7 +42,7 @@ def check_modules(
     sample: Any,
     *,
     modules: Sequence[str] | Callable[[str, torch.nn.Module], bool] | None = None,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
     tol: float | Tolerance | None = None,
     atol: float | None = None,
     num_rotations: int = 4,
@@ -57,6 +57,8 @@ def check_modules(
         model: an ``nn.Module`` (est contract ``model(batch)`` or a callable
             module ``(positions, numbers, cell, pbc)``).
         sample: as for :func:`check_model`.
+        dtype: as for :func:`check_model` (float64 by default; the model is
+            copied and cast, yours is not changed).
         modules: module names to watch, or a predicate ``(name, module) -> bool``;
             default: every submodule (those whose output is not node irreps are skipped).
         refine_steps: local search around the worst rotation (off by default:
@@ -66,6 +68,8 @@ def check_modules(
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"check_modules needs an nn.Module (hooks), got {type(model).__name__}")
     adapter = as_adapter(model, dtype=dtype)
+    # hooks go on the module the adapter calls: a copy when it was cast to the check's dtype
+    model = adapter.model if isinstance(adapter, BatchModelAdapter) else adapter.fn
     system = as_system(sample)
     n = system.num_atoms
     gen = torch.Generator().manual_seed(seed)

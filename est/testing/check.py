@@ -3,7 +3,7 @@
 Examples::
 
     python -m est.testing.check --checkpoint runs/oc20/last.pt
-    python -m est.testing.check --config est_small --set lmax=4 --dtype float64
+    python -m est.testing.check --config est-small --set lmax=4 --dtype float32
     python -m est.testing.check --factory est.testing.toy_models:morse_potential --sample molecule --sample crystal
 
 Model loading protocol (:func:`load_model_for_check`), imported lazily so this
@@ -19,7 +19,12 @@ module works before the backbone and the trainer exist:
   returning an est model or a ``(positions, numbers, cell, pbc) -> dict`` callable.
 
 ``--set key=value`` overrides are parsed as Python literals where possible.
-Exit status: 0 all checks pass, 1 some check fails, 2 usage or loading error.
+Checks run in float64 by default (a cast copy of the model); ``--dtype model``
+checks the model in its own dtype.
+
+Exit status: 0 all checks pass; 1 some check fails (and only then); 2 usage or
+loading error (unknown option, config name, override key, sample, checkpoint),
+with the message on stderr; 3 the model raised an error while being checked.
 """
 from __future__ import annotations
 
@@ -29,11 +34,12 @@ import importlib
 import json
 import os
 import sys
+import traceback
 from typing import Any, Sequence
 
 import torch
 
-__all__ = ["load_model_for_check", "ModelLoadError", "builtin_sample", "main", "BUILTIN_SAMPLES"]
+__all__ = ["load_model_for_check", "ModelLoadError", "builtin_sample", "main", "BUILTIN_SAMPLES", "build_parser"]
 
 BUILTIN_SAMPLES = ("molecule", "crystal", "slab")
 
@@ -133,18 +139,29 @@ def _load_sample(spec: str):
         raise ModelLoadError(f"sample {spec!r} is neither a built-in ({', '.join(BUILTIN_SAMPLES)}) nor an existing file")
     import ase.io
 
-    return ase.io.read(spec)
+    try:
+        return ase.io.read(spec)
+    except Exception as err:  # noqa: BLE001 - ase raises many kinds for unreadable files
+        raise ModelLoadError(f"cannot read sample file {spec!r} with ase.io.read: {type(err).__name__}: {err}") from err
+
+
+PROG = "python -m est.testing.check"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MODEL_ERROR = 0, 1, 2, 3
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m est.testing.check", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog=PROG, description=__doc__.split("\n")[0],
+        epilog="exit status: 0 all checks pass, 1 some check fails, 2 usage or loading error, 3 the model raised",
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="checkpoint path (est.train.load_model_from_checkpoint)")
     src.add_argument("--config", help="model config name (est.models.build_model(name=...))")
     src.add_argument("--factory", help="module:function returning a model")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="keyword arguments for the factory / build_model")
     p.add_argument("--sample", action="append", default=None, help=f"{', '.join(BUILTIN_SAMPLES)} or a structure file (ase.io.read); repeatable (default: molecule and crystal)")
-    p.add_argument("--dtype", choices=("model", "float32", "float64"), default="model", help="cast the model first (default: keep its dtype)")
+    p.add_argument("--dtype", choices=("float64", "float32", "model"), default="float64",
+                   help="dtype of the check: a cast copy of the model (default float64; 'model': its own dtype)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--no-ema", dest="use_ema", action="store_false", help="checkpoint: load the raw weights, not the EMA ones")
     p.add_argument("--tol", type=float, default=None, help="relative tolerance (default: 1e-10 float64, 1e-4 float32)")
@@ -156,28 +173,45 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _usage_error(parser: argparse.ArgumentParser, message: str) -> int:
+    """argparse-style: usage line and ``error: message`` on stderr; exit status 2."""
+    print(parser.format_usage().rstrip(), file=sys.stderr)
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from ._models import check_model
 
-    args = build_parser().parse_args(argv)
-    dtype = None if args.dtype == "model" else getattr(torch, args.dtype)
+    parser = build_parser()
+    args = parser.parse_args(argv)  # unknown or malformed options: SystemExit(2)
+    dtype = "model" if args.dtype == "model" else getattr(torch, args.dtype)
     try:
         overrides = _parse_overrides(args.set)
         model = load_model_for_check(
             checkpoint=args.checkpoint, config=args.config, factory=args.factory,
-            overrides=overrides, device=args.device, dtype=dtype, use_ema=args.use_ema,
+            overrides=overrides, device=args.device, use_ema=args.use_ema,
         )
         samples = [(s, _load_sample(s)) for s in (args.sample or ["molecule", "crystal"])]
     except ModelLoadError as err:
-        print(f"est.testing.check: error: {err}", file=sys.stderr)
-        return 2
+        return _usage_error(parser, str(err))
+    except (ValueError, TypeError, KeyError) as err:  # an unknown config name or override key, a bad factory argument
+        source = "--config" if args.config else "--factory" if args.factory else "--checkpoint"
+        return _usage_error(parser, f"{source}: {type(err).__name__}: {err}")
     reports = []
     for label, sample in samples:
-        report = check_model(
-            model, sample, tol=args.tol, parity=args.parity, num_rotations=args.rotations,
-            refine_steps=args.refine, seed=args.seed, dtype=dtype,
-            name=f"{args.checkpoint or args.config or args.factory} [{label}]",
-        )
+        name = f"{args.checkpoint or args.config or args.factory} [{label}]"
+        try:
+            report = check_model(
+                model, sample, tol=args.tol, parity=args.parity, num_rotations=args.rotations,
+                refine_steps=args.refine, seed=args.seed, dtype=dtype, name=name,
+            )
+        except ValueError as err:  # a sample the checker cannot use (periodic without a cell, ...)
+            return _usage_error(parser, f"sample {label!r}: {err}")
+        except Exception as err:  # noqa: BLE001 - the model itself raised: not a failed check
+            traceback.print_exc()
+            print(f"{PROG}: error: the model raised {type(err).__name__} on sample {label!r}: {err}", file=sys.stderr)
+            return EXIT_MODEL_ERROR
         reports.append(report)
         print(report.table())
         print()
@@ -186,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump([json.loads(r.to_json()) for r in reports], f, indent=1)
-    return 0 if ok else 1
+    return EXIT_OK if ok else EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ and use the fixtures::
 
     @pytest.mark.equivariance(dtypes=("float32", "float64"))
     def test_my_layer(equivariance_dtype, float_tolerance, rotations):
-        layer = MyLayer().to(equivariance_dtype)
-        assert_equivariant(layer, lmax=2, tol=float_tolerance, rotations=rotations)
+        layer = MyLayer()  # checked on a copy cast to equivariance_dtype (est.testing's default: float64)
+        assert_equivariant(layer, lmax=2, dtype=equivariance_dtype, tol=float_tolerance, rotations=rotations)
 
 Fixtures:
     ``equivariance_dtype``: ``torch.float64``, or each of the marker's ``dtypes``.
