@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("ase")
+import ase  # noqa: F401  (a required dependency: an ImportError must fail, not skip)
 from ase import Atoms, units  # noqa: E402
 from ase.build import add_adsorbate, bulk, fcc111, molecule  # noqa: E402
 from ase.calculators.calculator import PropertyNotImplementedError  # noqa: E402
