@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..sphere.masters import Float64Masters
 from .grid import GridConfig, check_features, check_float16_output, check_positive, is_float16, warn_float16
@@ -140,7 +141,10 @@ class SphericalTransformer(Float64Masters):
         S = f.shape[1]
         q, k, v = (lin(f).unflatten(-1, (H, -1)).transpose(1, 2) for lin in (self.q, self.k, self.v))  # [N, H, S, d]
         bias = self._attention_bias(q.dtype)  # [S, S], [H, S, S] or None
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=self.scale)  # [N, H, S, d]
+        # the math kernel: gradient forces differentiate the attention twice (create_graph=True),
+        # which the fused CPU/GPU kernels do not support
+        with sdpa_kernel(SDPBackend.MATH):
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=self.scale)  # [N, H, S, d]
         o = o.transpose(1, 2).flatten(-2)  # [N, S, C]
         if gates is None:
             gates = x.new_full((N, cfg.num_experts), 1.0 / cfg.num_experts)
