@@ -7,12 +7,10 @@ random grid rotations in training) at 1 layer, lmax 1, 8 channels: ~14k paramete
 import json
 import os
 import signal
-import time
 
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch_geometric.data import Batch
 
 from est.train.checkpoint import checkpoint_step, load_checkpoint
@@ -20,8 +18,7 @@ from est.train.config import ConfigError, load_config
 from est.train.data import resolve_model_stats, sample_source, training_elements
 from est.train.trainer import NonFiniteLossError, Trainer
 
-from test_train_ddp import _free_port
-from test_train_helpers import emt_samples
+from test_train_helpers import emt_samples, run_two_ranks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 QM9_CSV = os.path.join(HERE, "data", "qm9_records.csv")
@@ -156,14 +153,6 @@ def _run_ddp(run_dir):
     return tr
 
 
-def _ddp_worker(rank, world, port, run_dir, out):
-    """test_train_ddp's worker (process group, gather of parameters, result file) around the real model's run."""
-    import test_train_ddp
-
-    test_train_ddp._run = _run_ddp
-    test_train_ddp._worker(rank, world, port, run_dir, out)
-
-
 def _predict(module, params, samples):
     """Energies and forces of ``module`` with the flat ``params``, eval mode: the trained function, compared."""
     import copy
@@ -190,17 +179,8 @@ def test_real_model_ddp_two_processes(tmp_path):
       up to rounding, and AdamW turns rounding noise into steps of size ~lr (measured 2.3e-3 apart) that change no
       output.
     """
-    out = str(tmp_path / "ddp.pt")
-    ctx = mp.start_processes(_ddp_worker, args=(2, _free_port(), str(tmp_path / "ddp"), out), nprocs=2, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + 420  # generous: 2 cores shared with other work
-    try:
-        while not ctx.join(timeout=1.0):
-            assert time.monotonic() < deadline, "DDP workers did not finish in 420 s"
-    finally:
-        for p in ctx.processes:  # only our own two workers, by pid
-            if p.is_alive():
-                os.kill(p.pid, signal.SIGKILL)
+    out = tmp_path / "ddp.pt"
+    run_two_ranks(_run_ddp, tmp_path / "ddp", out)  # ~20 s idle; generous limit for 2 shared cores
     ddp = torch.load(out, weights_only=True)
     data = _ddp_data()
     single = Trainer(_ddp_cfg(tmp_path / "single"), datasets=data)

@@ -101,3 +101,54 @@ def emt_samples(n: int, seed: int = 0, *, nan_at: Optional[int] = None) -> List:
                                pbc=np.array([[True, True, False]]), fixed=fixed, tags=tags, energy=e, forces=f,
                                sid=i, fid=0, idx=i))
     return out
+
+
+# ----------------------------------------------------------------------------- 2-process DDP on CPU (gloo, spawn)
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ddp_worker(rank, world, port, run_dir, out, run):
+    """One DDP rank: ``run(run_dir) -> Trainer`` in a process group, then every rank's parameters gathered
+    and, on rank 0, ``{"params", "same_on_ranks", "final", "steps"}`` saved to ``out``."""
+    import faulthandler
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), EST_DIST_TIMEOUT="120")
+    torch.set_num_threads(1)
+    faulthandler.dump_traceback_later(int(os.environ.get("EST_TEST_DUMP_AFTER", "200")), exit=False)
+    tr = run(run_dir)
+    flat = torch.cat([p.detach().reshape(-1) for p in tr.module.parameters()])
+    every = [torch.zeros_like(flat) for _ in range(world)]
+    dist.all_gather(every, flat)
+    if rank == 0:
+        torch.save({"params": flat, "same_on_ranks": all(torch.equal(every[0], e) for e in every),
+                    "final": tr.final_results, "steps": tr.step}, out)
+    dist.destroy_process_group()
+
+
+def run_two_ranks(run, run_dir, out, *, limit_s: float = 420.0) -> None:
+    """Spawn two :func:`ddp_worker` ranks and wait (killing only our own workers past ``limit_s``)."""
+    import os
+    import signal
+    import time
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(ddp_worker, args=(2, free_port(), str(run_dir), str(out), run), nprocs=2, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + limit_s
+    try:
+        while not ctx.join(timeout=1.0):
+            assert time.monotonic() < deadline, f"DDP workers did not finish in {limit_s:.0f} s (stacks dumped at 200 s)"
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGKILL)
