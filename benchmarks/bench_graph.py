@@ -1,4 +1,4 @@
-"""Benchmark est.data.graph.radius_graph against ase.neighborlist (and PyG's
+"""Benchmark est.geometry.radius_graph against ase.neighborlist (and PyG's
 radius_graph when its compiled backend is importable), in one run.
 
 Cases (reference.md section 5 quotes ~1 ms and ~6 ms as achievable):
@@ -23,7 +23,7 @@ from ase.build import fcc111
 from ase.neighborlist import neighbor_list
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from est.data.graph import edge_rotation, radius_graph
+from est.geometry import edge_rotation, radius_graph
 
 
 def _timeit(fn, repeats, warmup=3):

@@ -227,7 +227,7 @@ def train_one(label: str, overrides: list[str], args) -> dict[str, Any]:
 
 def _tied_edges(pos, cell, cutoff, max_neighbors) -> int:
     """Edges a tie-including neighbour list adds over the strict one (0: no ties at the max_neighbors cut)."""
-    from est.data.graph import radius_graph
+    from est.geometry import radius_graph
 
     pbc = torch.ones(3, dtype=torch.bool)
     kw = dict(cell=cell, pbc=pbc, max_neighbors=max_neighbors)

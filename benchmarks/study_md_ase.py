@@ -158,7 +158,7 @@ def cutoff_continuity(atoms, calc, cutoff: float, n: int = 120):
     """Move the last (adsorbate) atom along a straight 1.5 A path: the largest energy step at a change of the
     radius graph vs the median step, and the line-integral mismatch |dE + integral F.dx| (0 for a smooth
     conservative model). Positions along the path move by 1.5/n A per step."""
-    from est.data.graph import radius_graph
+    from est.geometry import radius_graph
 
     a = atoms.copy()
     a.set_constraint()

@@ -14,7 +14,7 @@ import torch
 from torch_geometric.data import Batch, Data
 
 import est.data
-import est.data.graph
+import est.geometry
 import est.models
 from est.models import MODEL_CONFIGS, build_model
 
@@ -177,6 +177,16 @@ def test_bad_model_config(overrides, match):
 def test_list_models_and_radius_graph_reexport():
     names = est.models.list_models()
     assert names == sorted(MODEL_CONFIGS) and {"est-tiny", "eqv2-tiny", "est-paper", "equiformer_v2-31m"} <= set(names)
-    assert est.data.radius_graph is est.data.graph.radius_graph
+    assert est.data.radius_graph is est.geometry.radius_graph  # the promised est.data API
     g = est.data.radius_graph(torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [9.0, 0.0, 0.0]]), 2.0)
     assert sorted(g.edge_index.T.tolist()) == [[0, 1], [1, 0]]
+
+
+def test_layers_and_models_import_no_data_io():
+    """Layering: est.nn and est.models look only down (geometry, sphere, so3), never at data I/O."""
+    import subprocess
+    import sys
+
+    code = "import sys, est.nn, est.models; print(sorted(m for m in ('lmdb', 'est.data', 'est.train') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]", out

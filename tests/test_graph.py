@@ -1,4 +1,4 @@
-"""Tests for est.data.graph: radius graph (molecules, periodic, partial pbc,
+"""Tests for est.geometry: radius graph (molecules, periodic, partial pbc,
 max_neighbors tie handling), validation errors, edge frames, strain/stress."""
 
 import numpy as np
@@ -8,7 +8,7 @@ from ase import Atoms
 from ase.build import bulk, fcc111, molecule
 from ase.neighborlist import neighbor_list
 
-from est.data.graph import (
+from est.geometry import (
     Graph,
     apply_strain,
     cell_volume,
@@ -365,7 +365,7 @@ def test_forces_and_stress_match_ase_lj():
 
 def test_chunked_blocks_and_groups_match(monkeypatch):
     """Tiny block budget: targets processed in chunks, several size groups, global re-sort."""
-    import est.data.graph as graph_mod
+    import est.geometry as graph_mod
 
     mol = molecule("C6H6")
     cases = [mol] + _periodic_cases() + [molecule("CH4")]

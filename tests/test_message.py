@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch_geometric.data import Data
 
-import est.data.graph as graph
-from est.data.graph import radius_graph
+import est.geometry as graph
+from est.geometry import radius_graph
 from est.models import build_model
 from est.nn.activations import GateActivation, S2GridActivation, SeparableS2Activation, SmoothLeakyReLU
 from est.nn.attention import AttentionConfig, SO2GraphAttention, attention_num_parameters, segment_softmax

@@ -188,7 +188,7 @@ def test_m_major_layout_roundtrip_and_truncation():
 
 def test_wigner_gradients_exact_for_edges_along_the_pole():
     """Edges exactly along +-y (common in crystals): D's gradient must still be exact."""
-    from est.data.graph import edge_rotation
+    from est.geometry import edge_rotation
 
     edges = torch.tensor([[0.0, 1.3, 0.0], [0.0, -0.7, 0.0], [1e-9, 0.9, 0.0], [0.3, 0.2, 1.0]],
                          dtype=torch.float64, requires_grad=True)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from est.data.graph import radius_graph
+from est.geometry import radius_graph
 from est.data.sample import make_sample
 
 

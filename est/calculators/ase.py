@@ -390,7 +390,7 @@ class ESTCalculator(Calculator):
         if not (need_forces or stress_on):
             with torch.no_grad():
                 return self._normalised_energy(self.model(batch)), None, None
-        from est.data.graph import apply_strain
+        from est.geometry import apply_strain
 
         with torch.enable_grad():
             pos = batch.pos.detach().requires_grad_(True)

@@ -17,7 +17,7 @@ from .stats import (
 )
 from .generate import EMTConfig, default_emt_dataset, generate as generate_emt
 from .cache import default_cache_dir
-from .graph import Graph, radius_graph
+from ..geometry import Graph, radius_graph  # re-exported: est.data.radius_graph
 
 __all__ = [
     "SAMPLE_FIELDS", "ALWAYS_FIELDS", "make_sample", "NonFiniteInputError", "check_lmdb_file",

@@ -141,7 +141,7 @@ def dataset_statistics(dataset: Any, *, cutoff: Optional[float] = None, max_neig
     natoms, degrees, energies, f2, fcount = [], [], [], 0.0, 0
     graph_fn = None
     if cutoff is not None:
-        from .graph import radius_graph as graph_fn  # owned by est.data.graph
+        from ..geometry import radius_graph as graph_fn
     for i in idx:
         s = dataset[int(i)]
         k = int(s.pos.shape[0])

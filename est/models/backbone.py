@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..data.graph import radius_graph
+from ..geometry import radius_graph
 from ..nn import ESTBlock, GridConfig, build_norm, preset_config
 from ..nn.attention import AttentionConfig, SO2GraphAttention
 from ..nn.drop import GraphDropPath

@@ -52,7 +52,7 @@ class ModelConfig:
     max_neighbors: int | None = 20
     # "include" keeps every neighbour tied with the max_neighbors-th (within 1e-4 A):
     # rotation invariant; "strict" keeps exactly max_neighbors, breaking ties by
-    # a Cartesian key, which depends on the orientation (est.data.graph.radius_graph)
+    # a Cartesian key, which depends on the orientation (est.geometry.radius_graph)
     neighbor_tie_mode: str = "include"
     # turn every edge frame by a random angle about its axis at every training call
     # (fairchem's EquiformerV2 does; an augmentation of the SO(2)/grid aliasing). Eval is never rolled.

@@ -18,7 +18,7 @@ import contextlib
 import torch
 from torch import nn
 
-from ..data.graph import apply_strain
+from ..geometry import apply_strain
 from .backbone import EquiformerV2Backbone
 from .config import ModelConfig
 from .heads import DirectForceHead, ScalarHead

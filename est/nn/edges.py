@@ -1,7 +1,7 @@
 r"""Per-edge frames shared by every message-passing layer of one forward pass.
 
 Each edge :math:`j \to i` gets the rotation :math:`R_{ij}` of
-:func:`est.data.graph.edge_rotation` (``R @ unit(edge_vec) = +y``, e3nn's
+:func:`est.geometry.edge_rotation` (``R @ unit(edge_vec) = +y``, e3nn's
 pole) and its real Wigner-D :math:`D(R_{ij})`, which maps global-frame
 coefficients to the edge frame: :math:`Y(R v) = D(R) Y(v)`. In the edge frame
 the SO(2) convolution only needs orders :math:`|m| \le M`, so we keep those rows
@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..data.graph import edge_rotation
+from ..geometry import edge_rotation
 from ..so3 import degree_index, m_major_index, num_coefficients, wigner_D
 from ..so3._layout import check_lmax
 

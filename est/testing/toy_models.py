@@ -10,7 +10,7 @@ looks like); they are not physical models.
     E = \sum_{i<j} \epsilon_{ij} \left[(1 - e^{-a (r_{ij} - r_0)})^2 - 1\right] f_c(r_{ij}),
     \qquad f_c(r) = \tfrac12 \left(\cos\frac{\pi r}{r_c} + 1\right),
 
-over the pairs of :func:`est.data.graph.radius_graph` (periodic images
+over the pairs of :func:`est.geometry.radius_graph` (periodic images
 included), ``epsilon_ij = sqrt(eps_i eps_j)`` with ``eps_Z = 1 + 0.1 Z``;
 ``forces = -dE/dpos``, ``stress = (1/V) dE/d strain``; ``properties`` is the
 coordination number ``sum f_c``. ``defect=`` plants one symmetry bug:
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from est.data.graph import apply_strain, radius_graph
+from est.geometry import apply_strain, radius_graph
 
 __all__ = ["MorsePotential", "morse_potential", "morse_callable", "e3nn_potential", "DEFECTS", "example_molecule", "example_crystal"]
 

@@ -315,7 +315,7 @@ def resolve_model_stats(model_cfg: Dict[str, Any], train_ds, *, max_samples: int
         nat = dataset_natoms(train_ds, compute=False)
         cfg["avg_num_nodes"] = float(np.mean(nat)) if nat is not None else float(np.mean([s.num_nodes for s in samples]))
     if want_d:
-        from est.data.graph import radius_graph
+        from est.geometry import radius_graph
 
         keys = ("cutoff", "max_neighbors", "use_pbc", "neighbor_tie_mode")
         graph = {k: cfg[k] for k in keys if k in cfg}

@@ -1,4 +1,8 @@
-"""Pure-torch radius graphs (molecules and periodic cells) and edge frames.
+"""Geometry, below the layers: pure-torch radius graphs (molecules and periodic
+cells), the rotation that takes each edge to the pole, and strain for stress.
+
+It imports only torch, so ``est.nn`` and ``est.models`` need no data I/O
+(``est.data`` re-exports :func:`radius_graph` for its users).
 
 No pyg-lib / torch-cluster / torch-scatter: everything here is plain torch.
 
