@@ -141,7 +141,7 @@ def load_model_from_checkpoint(path: str, *, map_location: Any = "cpu", use_ema:
     resolved ``config["model"]``, EMA weights when present and ``use_ema``).
     ``path`` may be a run folder (its ``best.pt``, else ``last.pt``).
     """
-    from est.train import load_trained_model
+    from est.train.loading import load_trained_model
     from est.train.checkpoint import resolve_checkpoint_path
 
     path = resolve_checkpoint_path(path)

@@ -13,7 +13,7 @@ module works before the backbone and the trainer exist:
 * ``--checkpoint PATH``: ``est.train.load_trained_model(PATH, map_location=device)``
   if est.train provides it (returning the model or a dict with ``"model"``), else
   est.train's checkpoint format: ``est.train.checkpoint.load_checkpoint`` gives
-  ``{"config", "model", "ema"}``, the model is ``est.train.trainer.build_model_from_config(config)``
+  ``{"config", "model", "ema"}``, the model is ``est.train.loading.build_model_from_config(config)``
   with the EMA weights (``--no-ema``: the raw ones);
 * ``--factory module:function``: ``function(**overrides)``, any importable callable
   returning an est model or a ``(positions, numbers, cell, pbc) -> dict`` callable.
@@ -111,7 +111,7 @@ def load_model_for_check(
 
 def _load_checkpoint(path: str, *, device: str, use_ema: bool):
     """:func:`est.train.load_trained_model` with its errors as :class:`ModelLoadError`."""
-    from est.train import load_trained_model
+    from est.train.loading import load_trained_model
 
     try:
         return load_trained_model(path, map_location=device, use_ema=use_ema)[0]

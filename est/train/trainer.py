@@ -37,7 +37,6 @@ results. Every checkpoint records the training elements (``elements``, with
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import math
 import os
@@ -58,6 +57,7 @@ from torch import nn
 from .checkpoint import (FORMAT_VERSION, checkpoint_step, copy_checkpoint, load_checkpoint, resolve_checkpoint_path,
                          rng_state, save_checkpoint, set_rng_state)
 from .config import ConfigError, TrainConfig, to_container, validate_numbers
+from .loading import build_model_from_config, load_trained_model, model_dict, model_state  # noqa: F401 (re-exported)
 from .data import (Prefetcher, build_datasets, dataset_natoms, make_loader, resolve_model_stats, sample_source,
                    training_elements)
 from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_object, setup_distributed
@@ -72,73 +72,6 @@ __all__ = ["Trainer", "NonFiniteLossError", "build_model_from_config", "evaluate
 
 class NonFiniteLossError(FloatingPointError):
     """The loss or the gradients became NaN/inf more often than allowed."""
-
-
-def _plain(model_cfg: Any) -> Dict[str, Any]:
-    if isinstance(model_cfg, DictConfig):
-        return OmegaConf.to_container(model_cfg, resolve=True)  # type: ignore[return-value]
-    return dict(model_cfg)
-
-
-def build_model_from_config(cfg: Any) -> nn.Module:
-    """The model of ``cfg.model``: ``est.models.build_model(**cfg.model)``.
-
-    ``model._target_: package.module.Class`` builds any other ``nn.Module``
-    with the remaining keys as keyword arguments instead. Unknown model options
-    raise :class:`ConfigError` naming ``model.<key>``.
-    """
-    m = _plain(cfg.model if hasattr(cfg, "model") else cfg["model"])
-    target = m.pop("_target_", None)
-    if target:
-        mod_name, _, cls_name = str(target).rpartition(".")
-        try:
-            factory = getattr(importlib.import_module(mod_name), cls_name)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"model._target_={target!r} cannot be imported ({exc}). Fix: give an importable 'module.Class'.") from None
-        label = target
-    else:
-        try:
-            from est.models import build_model as factory  # type: ignore[attr-defined]
-        except ImportError as exc:
-            raise ConfigError(f"est.models.build_model is not available ({exc}). Fix: install the full est package, "
-                              "or set model._target_=your.module.Model.") from None
-        label = m.get("name")
-        from .config import check_model_keys
-
-        check_model_keys(m | {"name": label})
-    try:
-        return factory(**m)
-    except TypeError as exc:
-        text = str(exc)
-        for key in m:
-            if f"'{key}'" in text and ("unexpected keyword" in text or "got an unexpected" in text):
-                raise ConfigError(f"model.{key} is not an option of model {label!r} ({text}). "
-                                  f"Fix: remove model.{key} or use one of the model's config fields.") from None
-        raise
-
-
-def model_state(ck: Dict[str, Any], use_ema: bool = True) -> Dict[str, Any]:
-    """The weights a checkpoint is evaluated with: the EMA copy when present and ``use_ema``, else the raw ones."""
-    ema = ck.get("ema")
-    return ema["module"] if (use_ema and isinstance(ema, dict) and "module" in ema) else ck["model"]
-
-
-def load_trained_model(path: str, *, map_location: Any = "cpu", use_ema: bool = True):
-    """Rebuild a trained model from an est.train checkpoint: ``(model in eval mode, checkpoint dict)``.
-
-    The model comes from the checkpoint's resolved ``config["model"]``
-    (:func:`build_model_from_config`, so ``model._target_`` works too) with
-    :func:`model_state`'s weights. Raises ``ValueError`` for a file that is not
-    an est.train checkpoint. ``path`` may be a run folder: its ``best.pt``, else ``last.pt``.
-    """
-    path = resolve_checkpoint_path(path)
-    ck = load_checkpoint(path, map_location=map_location)
-    if not isinstance(ck, dict) or "config" not in ck or "model" not in ck:
-        keys = sorted(ck) if isinstance(ck, dict) else type(ck).__name__
-        raise ValueError(f"{path} is not an est.train checkpoint (needs 'config' and 'model'; has {keys})")
-    model = build_model_from_config(OmegaConf.merge(OmegaConf.structured(TrainConfig), ck["config"]))
-    model.load_state_dict(model_state(ck, use_ema))
-    return model.eval(), ck
 
 
 def check_run_dir(path: str) -> Optional[str]:
@@ -239,7 +172,7 @@ class Trainer:
             if ckpt.get("elements"):
                 elements = ([int(z) for z in ckpt["elements"]], str(ckpt.get("elements_source", "checkpoint")))
             model_cfg = ckpt["config"]["model"]
-            now = _plain(cfg.model)
+            now = model_dict(cfg.model)
             diff = sorted(k for k in set(now) | set(model_cfg) if now.get(k) != model_cfg.get(k) and now.get(k) != "auto")
             if diff:
                 raise ConfigError(f"{self.resumed_from} was trained with a different model config ({', '.join('model.' + k for k in diff)}). "
@@ -247,7 +180,7 @@ class Trainer:
         else:
             if self.info.is_main:
                 norm = self.task.fit_normalizers(self.train_ds, t.normalizer)
-                model_cfg = resolve_model_stats(_plain(cfg.model), self.train_ds, seed=cfg.seed)
+                model_cfg = resolve_model_stats(model_dict(cfg.model), self.train_ds, seed=cfg.seed)
             else:
                 norm, model_cfg = None, None
             norm, model_cfg = broadcast_object((norm, model_cfg), self.info)
