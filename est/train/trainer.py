@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import random
 import signal
@@ -54,7 +53,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from .checkpoint import (FORMAT_VERSION, checkpoint_step, copy_checkpoint, load_checkpoint, resolve_checkpoint_path,
+from .checkpoint import (FORMAT_VERSION, checkpoint_step, copy_checkpoint, load_checkpoint,
                          rng_state, save_checkpoint, set_rng_state)
 from .config import ConfigError, TrainConfig, to_container, validate_numbers
 from .loading import build_model_from_config, load_trained_model, model_dict, model_state  # noqa: F401 (re-exported)
