@@ -27,9 +27,9 @@ def test_seed_is_stable_per_test(equivariance_seed, rotations):
     assert torch.equal(rotations, random_rotation(8, generator=gen))
 
 
-@pytest.mark.equivariance(tol=1e-3, seed=7, num_rotations=3)
+@pytest.mark.equivariance(tol=2e-4, seed=7, num_rotations=3)
 def test_marker_overrides(float_tolerance, equivariance_seed, rotations):
-    assert (float_tolerance, equivariance_seed, rotations.shape[0]) == (1e-3, 7, 3)
+    assert (float_tolerance, equivariance_seed, rotations.shape[0]) == (2e-4, 7, 3)
 
 
 def test_two_line_conftest_in_a_user_project(pytester):
