@@ -61,6 +61,7 @@ from .data import (Prefetcher, build_datasets, dataset_natoms, make_loader, reso
                    training_elements)
 from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_object, setup_distributed
 from .ema import EMA
+from .evaluate import evaluate
 from .logs import MetricsCSV, TensorBoard, plot_learning_curve, plot_parity, summary_table
 from .optim import CosineWarmup, build_optimizer
 from .sampler import GlobalBatchSampler
@@ -403,45 +404,9 @@ class Trainer:
 
     def evaluate(self, split: str = "val", *, module: Optional[nn.Module] = None, collect: bool = False):
         """Metrics (and optionally predictions) of ``module`` (default: EMA weights) on ``split``."""
-        ds = self.datasets[split]
-        d = self.cfg.data
-        sampler = GlobalBatchSampler(len(ds), global_batch_size=d.eval_batch_size or d.batch_size, rank=self.info.rank,
-                                     world_size=self.info.world_size,
-                                     natoms=dataset_natoms(ds) if d.sampler == "balanced" and self.info.world_size > 1 else None,
-                                     balanced=d.sampler == "balanced", shuffle=False, train=False)
-        loader = make_loader(ds, sampler, num_workers=d.num_workers, pin_memory=self.device.type == "cuda")
-        module = module or self.eval_module()
-        was_training = module.training
-        module.eval()
-        sums: Dict[str, torch.Tensor] = {}
-        preds: List[Dict[str, np.ndarray]] = []
-        grad_ctx = torch.enable_grad if self.grad_in_eval else torch.no_grad
-        for batch in Prefetcher(loader, self.device, enabled=self.cfg.trainer.prefetch):
-            with grad_ctx(), self._autocast():
-                out = module(batch)
-            out = {k: v.detach().float() for k, v in out.items()}
-            self.task.check_output(out, batch)
-            self.task.accumulate(sums, out, batch)
-            if collect:
-                preds.append(self.task.predictions(out, batch))
-        module.train(was_training)
-        keys = sorted(set().union(*all_gather_object(sorted(sums), self.info)))
-        vec = torch.stack([sums[k].detach().double().cpu() if k in sums else torch.zeros((), dtype=torch.float64) for k in keys]) \
-            if keys else torch.zeros(0, dtype=torch.float64)
-        vec = all_reduce_sum(vec, self.info)
-        metrics = self.task.finalize({k: float(v) for k, v in zip(keys, vec)})
-        if not collect:
-            return metrics
-        gathered = all_gather_object(preds, self.info)
-        merged: Dict[str, np.ndarray] = {}
-        flat = [p for part in gathered for p in part]
-        if flat:
-            for k in flat[0]:
-                merged[k] = np.concatenate([p[k] for p in flat])
-            if "idx" in merged and "forces_true" not in merged:
-                order = np.argsort(merged["idx"], kind="stable")
-                merged = {k: v[order] for k, v in merged.items()}
-        return metrics, merged
+        return evaluate(module or self.eval_module(), self.task, self.datasets[split], data=self.cfg.data,
+                        info=self.info, grad=self.grad_in_eval, amp=self.amp, prefetch=self.cfg.trainer.prefetch,
+                        collect=collect)
 
     def _eval_and_checkpoint(self) -> Dict[str, float]:
         t0 = time.perf_counter()
@@ -711,18 +676,16 @@ def evaluate_checkpoint(cfg: DictConfig, overrides: Sequence[str] = (), *, datas
     module = build_model_from_config(ecfg).to(info.device)
     module.load_state_dict(model_state(ck))
     ds = datasets if datasets is not None else build_datasets(ecfg.data, info, splits=tuple(ecfg.eval_splits))
-    # a light Trainer-like evaluator
-    ev = Trainer.__new__(Trainer)
-    ev.cfg, ev.info, ev.device, ev.task, ev.datasets = ecfg, info, info.device, task, ds
-    ev.amp = bool(ecfg.trainer.amp and info.device.type == "cuda")
-    ev.grad_in_eval = ecfg.trainer.grad_in_eval if ecfg.trainer.grad_in_eval is not None else (
+    amp = bool(ecfg.trainer.amp and info.device.type == "cuda")
+    grad = ecfg.trainer.grad_in_eval if ecfg.trainer.grad_in_eval is not None else (
         ecfg.model.get("regress_forces") == "gradient" or getattr(module, "regress_forces", None) == "gradient")
     out_dir = os.path.join(os.path.abspath(ecfg.run_dir), "eval")
     results = {}
     for s in ecfg.eval_splits:
         if s not in ds:
             raise ConfigError(f"eval split {s!r} has no data. Fix: set data.{s}_path or choose eval_splits from {sorted(ds)}.")
-        m, p = ev.evaluate(s, module=module, collect=True)
+        m, p = evaluate(module, task, ds[s], data=ecfg.data, info=info, grad=grad, amp=amp,
+                        prefetch=ecfg.trainer.prefetch, collect=True)
         results[s] = m
         if info.is_main:
             os.makedirs(out_dir, exist_ok=True)
