@@ -12,7 +12,7 @@ Modules: :mod:`~est.train.config` (validated Hydra configs), :mod:`~est.train.tr
 metrics), :mod:`~est.train.sampler` (global batches split across ranks),
 :mod:`~est.train.data` (datasets, loaders, prefetching), :mod:`~est.train.optim`
 (AdamW groups, EquiformerV2's LR shape), :mod:`~est.train.ema`,
-:mod:`~est.train.checkpoint`, :mod:`~est.train.loading` (trained models from checkpoints), :mod:`~est.train.evaluate`, :mod:`~est.train.logs`, :mod:`~est.train.distributed`.
+:mod:`~est.train.checkpoint`, :mod:`~est.train.loading` (trained models from checkpoints), :mod:`~est.train.evaluation`, :mod:`~est.train.logs`, :mod:`~est.train.distributed`.
 """
 import importlib
 from typing import Any
@@ -25,7 +25,7 @@ _EXPORTS = {
     "tasks": ["QM9Task", "S2EFTask", "IS2RETask", "build_task"],
     "trainer": ["Trainer", "NonFiniteLossError", "evaluate_checkpoint"],
     "loading": ["build_model_from_config", "load_trained_model", "model_state"],
-    "evaluate": ["evaluate"],
+    "evaluation": ["evaluate"],
 }
 _WHERE = {name: mod for mod, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

@@ -61,7 +61,7 @@ from .data import (Prefetcher, build_datasets, dataset_natoms, make_loader, reso
                    training_elements)
 from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_object, setup_distributed
 from .ema import EMA
-from .evaluate import evaluate
+from .evaluation import evaluate
 from .logs import MetricsCSV, TensorBoard, plot_learning_curve, plot_parity, summary_table
 from .optim import CosineWarmup, build_optimizer
 from .sampler import GlobalBatchSampler
