@@ -31,6 +31,7 @@ per atom, and rotated points for the encoding).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -141,9 +142,9 @@ class SphericalTransformer(Float64Masters):
         S = f.shape[1]
         q, k, v = (lin(f).unflatten(-1, (H, -1)).transpose(1, 2) for lin in (self.q, self.k, self.v))  # [N, H, S, d]
         bias = self._attention_bias(q.dtype)  # [S, S], [H, S, S] or None
-        # the math kernel: gradient forces differentiate the attention twice (create_graph=True),
-        # which the fused CPU/GPU kernels do not support
-        with sdpa_kernel(SDPBackend.MATH):
+        # with autograd on, the math kernel: gradient forces differentiate the attention twice
+        # (create_graph=True), which the fused CPU/GPU kernels do not support; no_grad inference may fuse
+        with sdpa_kernel(SDPBackend.MATH) if torch.is_grad_enabled() else contextlib.nullcontext():
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=self.scale)  # [N, H, S, d]
         o = o.transpose(1, 2).flatten(-2)  # [N, S, C]
         if gates is None:
