@@ -46,7 +46,7 @@ def test_ranks_partition_epoch_and_are_balanced():
     natoms = rng.integers(3, 200, size=1001)
     ds = _Sized(natoms)
     W, B = 4, 16
-    per_rank = [list(BalancedBatchSampler(ds, batch_size=B, num_replicas=W, rank=r, seed=3)) for r in range(W)]
+    per_rank = [list(BalancedBatchSampler(ds, batch_size_per_rank=B, num_replicas=W, rank=r, seed=3)) for r in range(W)]
     assert len({len(b) for b in per_rank}) == 1  # same number of steps on every rank
     seen = [i for r in range(W) for batch in per_rank[r] for i in batch]
     assert set(seen) == set(range(1001))  # everything once (+ padding of the last batch)
@@ -65,7 +65,7 @@ def test_ranks_partition_epoch_and_are_balanced():
 
 def test_epochs_shuffle_deterministically_and_resume():
     ds = _Sized(np.arange(1, 101))
-    s = BalancedBatchSampler(ds, batch_size=4, num_replicas=2, rank=1, seed=7)
+    s = BalancedBatchSampler(ds, batch_size_per_rank=4, num_replicas=2, rank=1, seed=7)
     s.set_epoch(0)
     e0 = list(s)
     s.set_epoch(1)
@@ -75,7 +75,7 @@ def test_epochs_shuffle_deterministically_and_resume():
     assert list(s) == e0
     # resume after 5 batches of epoch 0
     state = s.state_dict(batches_done=5)
-    t = BalancedBatchSampler(ds, batch_size=4, num_replicas=2, rank=1, seed=0)
+    t = BalancedBatchSampler(ds, batch_size_per_rank=4, num_replicas=2, rank=1, seed=0)
     t.load_state_dict(state)
     t.set_epoch(0)
     assert len(t) == len(e0) - 5
@@ -85,17 +85,17 @@ def test_epochs_shuffle_deterministically_and_resume():
 
 def test_drop_last_and_single_process():
     ds = _Sized(np.full(10, 3))
-    s = BalancedBatchSampler(ds, batch_size=4, shuffle=False, drop_last=True)
+    s = BalancedBatchSampler(ds, batch_size_per_rank=4, shuffle=False, drop_last=True)
     batches = list(s)
     assert len(batches) == len(s) == 2 and all(len(b) == 4 for b in batches)
-    s2 = BalancedBatchSampler(ds, batch_size=4, shuffle=False)
+    s2 = BalancedBatchSampler(ds, batch_size_per_rank=4, shuffle=False)
     assert [len(b) for b in s2] == [4, 4, 2]
 
 
 def test_without_metadata_warns_and_reads_counts():
     ds = _NoMeta([3, 9, 4, 7, 2, 8])
     with pytest.warns(UserWarning, match="no stored per-sample atom counts"):
-        s = BalancedBatchSampler(ds, batch_size=3, num_replicas=2, rank=0, shuffle=False)
+        s = BalancedBatchSampler(ds, batch_size_per_rank=3, num_replicas=2, rank=0, shuffle=False)
     assert s.natoms.tolist() == [3, 9, 4, 7, 2, 8]
 
 
@@ -108,7 +108,13 @@ def test_with_pyg_dataloader(tmp_path):
     ds = LmdbDataset(tmp_path / "d")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # natoms are stored: no warning
-        sampler = BalancedBatchSampler(ds, batch_size=2, num_replicas=2, rank=0)
+        sampler = BalancedBatchSampler(ds, batch_size_per_rank=2, num_replicas=2, rank=0)
     loader = DataLoader(ds, batch_sampler=sampler)
     batches = list(loader)
     assert len(batches) == 2 and all(b.natoms.sum() == b.pos.shape[0] for b in batches)
+
+
+def test_balanced_sampler_names_its_batch_size_per_rank():
+    ds = list(range(8))
+    with pytest.raises(TypeError, match="batch_size was renamed batch_size_per_rank"):
+        BalancedBatchSampler(ds, batch_size=4, natoms=[3] * 8, num_replicas=1, rank=0)

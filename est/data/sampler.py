@@ -10,7 +10,7 @@ once from the samples, with a warning.
 
 Use it as a ``batch_sampler``::
 
-    sampler = BalancedBatchSampler(ds, batch_size=8, num_replicas=world, rank=rank)
+    sampler = BalancedBatchSampler(ds, batch_size_per_rank=8, num_replicas=world, rank=rank)
     loader = torch_geometric.loader.DataLoader(ds, batch_sampler=sampler, num_workers=4)
     for epoch in range(E):
         sampler.set_epoch(epoch)
@@ -84,7 +84,9 @@ class BalancedBatchSampler(Sampler[List[int]]):
 
     Args:
         dataset: the dataset (its ``natoms`` is used when ``natoms`` is None).
-        batch_size: samples per rank per step (global batch = batch_size x num_replicas).
+        batch_size_per_rank: samples per rank per step (global batch = batch_size_per_rank x
+            num_replicas). The trainer's :class:`est.train.sampler.GlobalBatchSampler` takes the
+            global batch instead (``global_batch_size``); the names say which.
         natoms: per-sample atom counts, overriding the dataset's.
         num_replicas, rank: default to torch.distributed's world, else 1 and 0.
         shuffle, seed: seeded permutation per epoch (``set_epoch``).
@@ -97,16 +99,25 @@ class BalancedBatchSampler(Sampler[List[int]]):
         self,
         dataset: Any,
         *,
-        batch_size: int,
+        batch_size_per_rank: Optional[int] = None,
         natoms: Optional[Sequence[int]] = None,
         num_replicas: Optional[int] = None,
         rank: Optional[int] = None,
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
+        **renamed: Any,
     ):
+        if "batch_size" in renamed:
+            raise TypeError("BalancedBatchSampler: batch_size was renamed batch_size_per_rank (samples per rank "
+                            "per step; est.train.sampler.GlobalBatchSampler takes global_batch_size)")
+        if renamed:
+            raise TypeError(f"BalancedBatchSampler got unexpected keyword arguments {sorted(renamed)}")
+        if batch_size_per_rank is None:
+            raise TypeError("BalancedBatchSampler needs batch_size_per_rank= (samples per rank per step)")
+        batch_size = batch_size_per_rank
         if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            raise ValueError(f"batch_size_per_rank must be >= 1, got {batch_size}")
         if num_replicas is None or rank is None:
             dist = torch.distributed
             ready = dist.is_available() and dist.is_initialized()
