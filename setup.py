@@ -24,8 +24,9 @@ setup(
     extras_require={
         # all 130,831 QM9 molecules as CSV, read offline from the installed wheel
         "qm9": ["qm9pack"],
-        # tests, design generation (scipy), plots, and executing the notebooks in tests
-        "dev": ["pytest>=7", "scipy", "matplotlib", "nbformat", "nbclient", "ipykernel"],
+        # tests, design generation (scipy), plots, executing the notebooks in tests, and
+        # tensorboard (the test reads the trainer's event file back)
+        "dev": ["pytest>=7", "scipy", "matplotlib", "nbformat", "nbclient", "ipykernel", "tensorboard"],
         # the trainer's optional tb/ event files (est.train.logs.TensorBoard is a no-op without it)
         "tensorboard": ["tensorboard"],
     },

@@ -418,3 +418,33 @@ def test_checkpoint_folder_errors(tmp_path):
         load_checkpoint(str(tmp_path))
     with pytest.raises(ConfigError, match="is a folder, not a checkpoint file. Fix"):
         lc(["mode=eval", f"ckpt={tmp_path}"])
+
+
+# ----------------------------------------------------------------------------- experiment tracking
+def test_tensorboard_event_file_holds_the_csv_scalars(tmp_path, data8):
+    """trainer.tensorboard writes the same scalars as metrics.csv (tensorboard is in the dev extra)."""
+    import csv
+    import glob
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tr = Trainer(_pair_cfg(tmp_path / "tb", "trainer.tensorboard=true", "trainer.plots=false"), datasets=data8)
+    assert tr.fit() == "finished"
+    events = glob.glob(str(tmp_path / "tb" / "tb" / "events.out.tfevents.*"))
+    assert events, "no TensorBoard event file"
+    acc = EventAccumulator(str(tmp_path / "tb" / "tb"))
+    acc.Reload()
+    rows = list(csv.DictReader(open(tmp_path / "tb" / "metrics.csv")))
+    tags = set(acc.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "val/loss", "val/forces_mae"} <= tags
+    checked = 0
+    for row in rows:
+        split = row["split"]
+        if split.startswith("final_"):
+            continue
+        for key in ("loss", "forces_mae", "lr"):
+            if row.get(key) not in (None, "") and f"{split}/{key}" in tags:
+                scalars = {e.step: e.value for e in acc.Scalars(f"{split}/{key}")}
+                assert scalars[int(row["step"])] == pytest.approx(float(row[key]), rel=1e-6), (split, key, row["step"])
+                checked += 1
+    assert checked >= 4
