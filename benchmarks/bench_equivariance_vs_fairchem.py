@@ -49,8 +49,8 @@ SHAPES = {
 }
 EST_VARIANTS = {
     "est-ffn": dict(update="ffn"),
-    "est-default": dict(update="est", est_preset="default"),
-    "est-paper": dict(update="est", est_preset="paper"),
+    "est-default": dict(update="est", est=dict(preset="default")),
+    "est-paper": dict(update="est", est=dict(preset="paper")),
     "est-spherical": dict(update="spherical"),
 }
 GRAPH = dict(cutoff=6.0, max_neighbors=20)

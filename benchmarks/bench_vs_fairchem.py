@@ -65,8 +65,8 @@ SHAPES = {
 VARIANTS = {
     "fairchem": None,
     "est-ffn": dict(update="ffn"),
-    "est-default": dict(update="est", est_preset="default"),
-    "est-paper": dict(update="est", est_preset="paper"),
+    "est-default": dict(update="est", est=dict(preset="default")),
+    "est-paper": dict(update="est", est=dict(preset="paper")),
     "est-spherical": dict(update="spherical"),
 }
 

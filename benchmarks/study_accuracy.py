@@ -77,14 +77,14 @@ from common import save  # noqa: E402
 MODELS: dict[str, list[str]] = {
     "fairchem": ["+model._target_=fairchem_eqv2.trainable"],
     "est-ffn": ["model.update=ffn"],
-    "est-default": ["model.update=est", "model.est_preset=default"],
-    "est-paper": ["model.update=est", "model.est_preset=paper"],
+    "est-default": ["model.update=est", "model.est.preset=default"],
+    "est-paper": ["model.update=est", "model.est.preset=paper"],
     "est-spherical": ["model.update=spherical"],
     # accuracy vs S: the default block with the spherical Transformer on a t-design of degree t
     # (QM9's L = 2: t = 4 / 6 (default) / 8 / 12 -> S = 12 / 24 / 36 / 86 points)
-    "est-t4": ["model.update=est", "model.est_grid_degree=4"],
-    "est-t8": ["model.update=est", "model.est_grid_degree=8"],
-    "est-t12": ["model.update=est", "model.est_grid_degree=12"],
+    "est-t4": ["model.update=est", "model.est.grid.degree=4"],
+    "est-t8": ["model.update=est", "model.est.grid.degree=8"],
+    "est-t12": ["model.update=est", "model.est.grid.degree=12"],
     # training parity with fairchem, one factor at a time (est's EquiformerV2 + fairchem's choice)
     "est-ffn-eqv2init": ["model.update=ffn", "model.weight_init=eqv2"],
     "est-ffn-strict": ["model.update=ffn", "model.neighbor_tie_mode=strict"],

@@ -6,7 +6,7 @@ OC20-layout set (``+experiment=oc20_s2ef_quick``, generated on first use):
 
 * ``eqv2-tiny``      EquiformerV2's feed-forward update (``update="ffn"``),
 * ``est-tiny``       our default EST block,
-* ``est-paper-tiny`` the released EST module preset (``est_preset="paper"``),
+* ``est-paper-tiny`` the released EST module preset (``est=dict(preset="paper")``),
 
 then measures, in float64 and eval mode, for the initial weights (the
 trainer's own initialisation, same seed) and for the trained ones (``best.pt``,

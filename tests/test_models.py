@@ -40,7 +40,7 @@ def slab(seed=0):
 def tiny(name="est-tiny", grid="gauss-legendre", **kw):
     """A float64 eval model; ``grid``: the EST grid kind (``None``: the preset's spherical designs)."""
     if grid is not None:
-        kw["est_grid_kind"] = grid
+        kw["est"] = {"grid": {"kind": grid}}
     return build_model(name, **kw).double().eval()
 
 
@@ -258,7 +258,7 @@ def test_parameter_counts_are_exact(monkeypatch):
 
 
 def test_gradients_reach_all_parameters_in_training():
-    model = build_model("est-tiny", est_grid_kind="gauss-legendre", regress_forces="gradient", envelope="polynomial").train()
+    model = build_model("est-tiny", est={"grid": {"kind": "gauss-legendre"}}, regress_forces="gradient", envelope="polynomial").train()
     b = batch_of(molecule(6, 7), molecule(5, 8))
     b.pos = b.pos.float()
     out = model(b)

@@ -135,7 +135,7 @@ def test_nonfinite_loss_from_a_real_model_keeps_weights(tmp_path, data8):
 # ----------------------------------------------------------------------------- DDP equality, real model
 def _ddp_cfg(run_dir):
     # no dropout and a fixed grid: no per-rank randomness is left (see test_real_model_ddp_two_processes)
-    return _est_cfg(run_dir, "model.drop_path=0.0", "model.alpha_drop=0.0", "model.est_grid_rotation=false",
+    return _est_cfg(run_dir, "model.drop_path=0.0", "model.alpha_drop=0.0", "model.est.grid_rotation=false",
                     "data.batch_size=5", "data.eval_batch_size=5", "trainer.lr=3e-3")
 
 
@@ -171,7 +171,7 @@ def test_real_model_ddp_two_processes(tmp_path):
       one per graph of its share, while one process draws them for the whole global batch from one stream. A K-process
       run and a 1-process run are then two valid draws of the same randomised training, not equal runs (measured,
       this setup with rotation on: predictions 8.6e-7 apart after 4 steps, 20x the fixed-grid level below). Equality
-      is therefore tested with ``est_grid_rotation=false`` and no dropout.
+      is therefore tested with ``model.est.grid_rotation=false`` and no dropout.
     * Then the 2-process run equals the 1-process run on the same global batches up to float summation order:
       predictions on held-out and training structures (measured 4.5e-8 eV, eV/A; bound 1e-6) and held-out metrics
       (measured 1e-8 relative; bound 1e-6). Raw parameters need not agree: a parameter the loss does not depend on

@@ -49,29 +49,34 @@ def attention_config(cfg: ModelConfig, *, output_channels: int | None = None) ->
     )
 
 
+def _grid(base: GridConfig, options) -> GridConfig:
+    """``base`` with the non-``None`` fields of a :class:`~est.models.config.GridOptions`; a new ``kind``
+    drops the old kind's size fields unless given."""
+    changes = {k: getattr(options, k) for k in ("kind", "num_points", "degree", "normalization")
+               if getattr(options, k) is not None}
+    if not changes:
+        return base
+    fields = dict(kind=base.kind, normalization=base.normalization)
+    if changes.get("kind", base.kind) == base.kind:  # same kind: keep its size unless overridden
+        fields.update(num_points=base.num_points, degree=base.degree, resolution=base.resolution,
+                      relax_steps=base.relax_steps)
+    fields.update(changes)
+    return GridConfig(**fields)
+
+
 def update_block_config(cfg: ModelConfig):
-    """The :class:`~est.nn.ESTBlockConfig` of one update block."""
+    """The :class:`~est.nn.ESTBlockConfig` of one update block (``cfg.update`` and ``cfg.est``)."""
+    est = cfg.est
     overrides = dict(ffn_hidden_channels=cfg.ffn_hidden_channels, ffn_norm=cfg.norm, drop_path=cfg.drop_path)
-    if cfg.update == "ffn" or cfg.est_preset == "paper":
+    if cfg.update == "ffn" or est.preset == "paper":
         # EquiformerV2's FFN (and the released EST module) sample the e3nn grid
         overrides["ffn_grid"] = GridConfig(kind="equiangular", resolution=cfg.grid_resolution)
     for key in ("num_heads", "encoding", "grid_rotation", "mlp_ratio", "num_steerable_experts", "num_spherical_experts"):
-        value = getattr(cfg, f"est_{key}")
-        if value is not None:
-            overrides[key] = value
-    block = preset_config(cfg.est_preset, lmax=cfg.lmax, channels=cfg.channels, **overrides)
-    grid_changes = {
-        k: getattr(cfg, f"est_grid_{k}")
-        for k in ("kind", "num_points", "degree", "normalization")
-        if getattr(cfg, f"est_grid_{k}") is not None
-    }
-    if grid_changes:
-        g = block.grid
-        fields = dict(kind=g.kind, normalization=g.normalization)
-        if grid_changes.get("kind", g.kind) == g.kind:  # same kind: keep its size unless overridden
-            fields.update(num_points=g.num_points, degree=g.degree, resolution=g.resolution, relax_steps=g.relax_steps)
-        fields.update(grid_changes)
-        block.grid = GridConfig(**fields)
+        if getattr(est, key) is not None:
+            overrides[key] = getattr(est, key)
+    block = preset_config(est.preset, lmax=cfg.lmax, channels=cfg.channels, **overrides)
+    block.grid = _grid(block.grid, est.grid)
+    block.ffn_grid = _grid(block.ffn_grid, est.steerable_grid)
     if cfg.update == "ffn":
         block.num_steerable_experts, block.num_spherical_experts = 1, 0
     elif cfg.update == "spherical":

@@ -3,14 +3,117 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..nn.grid import check_positive
 
-__all__ = ["ModelConfig", "UPDATES", "FORCE_MODES"]
+__all__ = ["ModelConfig", "ESTOptions", "GridOptions", "UPDATES", "FORCE_MODES", "RENAMED_KEYS", "check_renamed",
+           "migrate_model_keys"]
 
 UPDATES = ("ffn", "est", "spherical")
 FORCE_MODES = ("direct", "gradient", None)
+
+
+@dataclass(kw_only=True)
+class GridOptions:
+    """A sphere grid of the EST block; ``None`` keeps the preset's value (``est.nn.GridConfig`` fields)."""
+
+    kind: str | None = None
+    num_points: int | None = None
+    degree: int | None = None
+    normalization: str | None = None
+
+
+@dataclass(kw_only=True)
+class ESTOptions:
+    """The EST update block's options inside :class:`ModelConfig` (``model.est.*``).
+
+    ``None`` takes the value of ``preset`` (``"default"``: ours, ``"paper"``: the
+    released module; see :func:`est.nn.preset_config`). ``grid``: the spherical
+    Transformer's points; ``steerable_grid``: the steerable (FFN) experts' grid
+    (for ``update="ffn"`` and the paper preset the model's ``grid_resolution``
+    equiangular grid, as EquiformerV2). Hydra: ``model.est.preset=paper``,
+    ``model.est.grid.degree=24``.
+    """
+
+    preset: str = "default"
+    num_steerable_experts: int | None = None
+    num_spherical_experts: int | None = None
+    num_heads: int | None = None
+    encoding: str | None = None
+    mlp_ratio: int | None = None
+    grid_rotation: bool | None = None
+    grid: GridOptions = dataclasses.field(default_factory=GridOptions)
+    steerable_grid: GridOptions = dataclasses.field(default_factory=GridOptions)
+
+    @classmethod
+    def from_any(cls, value) -> "ESTOptions":
+        """An :class:`ESTOptions` from itself or a (nested) mapping; unknown keys name the valid ones."""
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValueError(f"model.est must be a mapping of EST options, got {type(value).__name__}")
+        d = dict(value)
+        _check_keys(d, cls, "model.est")
+        for key in ("grid", "steerable_grid"):
+            if key in d and not isinstance(d[key], GridOptions):
+                g = dict(d[key] or {})
+                _check_keys(g, GridOptions, f"model.est.{key}")
+                d[key] = GridOptions(**g)
+        return cls(**d)
+
+
+def _check_keys(d: Mapping, cls, where: str) -> None:
+    valid = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(d) - set(valid))
+    if unknown:
+        raise ValueError(f"unknown option(s) {', '.join(f'{where}.{k}' for k in unknown)}; valid: {valid}")
+
+
+#: the flat keys of est < 0.2 -> their nested names (a clear error, and checkpoint migration)
+RENAMED_KEYS = {
+    "est_preset": "est.preset", "est_num_steerable_experts": "est.num_steerable_experts",
+    "est_num_spherical_experts": "est.num_spherical_experts", "est_num_heads": "est.num_heads",
+    "est_encoding": "est.encoding", "est_mlp_ratio": "est.mlp_ratio", "est_grid_rotation": "est.grid_rotation",
+    "est_grid_kind": "est.grid.kind", "est_grid_num_points": "est.grid.num_points",
+    "est_grid_degree": "est.grid.degree", "est_grid_normalization": "est.grid.normalization",
+}
+
+
+def check_renamed(keys) -> None:
+    """Raise naming the new key for any flat ``est_*`` key of older versions."""
+    old = [k for k in keys if k in RENAMED_KEYS]
+    if old:
+        raise ValueError("renamed model options: " + ", ".join(f"{k} -> {RENAMED_KEYS[k]} (e.g. model.{RENAMED_KEYS[k]}=...)"
+                                                            for k in old))
+
+
+def merge_est(base, changes: Mapping) -> ESTOptions:
+    """``base`` EST options (or mapping) updated by a nested mapping of ``changes``."""
+    d = dataclasses.asdict(ESTOptions.from_any(base))
+    for key, value in dict(changes).items():
+        if key in ("grid", "steerable_grid") and isinstance(value, Mapping):
+            d[key] = {**d[key], **dict(value)}
+        else:
+            d[key] = value
+    return ESTOptions.from_any(d)
+
+
+def migrate_model_keys(d: Mapping) -> dict:
+    """A model config dict with old flat ``est_*`` keys moved into ``est`` (loading old checkpoints)."""
+    out = {k: v for k, v in d.items() if k not in RENAMED_KEYS}
+    est = dict(out.get("est") or {})
+    for old, new in RENAMED_KEYS.items():
+        if old in d and d[old] is not None:
+            path = new.split(".")[1:]
+            node = est
+            for p in path[:-1]:
+                node = node.setdefault(p, {})
+            node[path[-1]] = d[old]
+    if est:
+        out["est"] = est
+    return out
 
 
 @dataclass(kw_only=True)
@@ -22,8 +125,9 @@ class ModelConfig:
 
     update: ``"ffn"`` (EquiformerV2's feed-forward network), ``"est"`` (the
     hybrid EST mixture), ``"spherical"`` (spherical experts only).
-    est_*: the EST block's options; ``None`` takes the value of ``est_preset``
-    (``"default"``: ours, ``"paper"``: the released module).
+    est: the EST block's options (:class:`ESTOptions`; a mapping is converted):
+    ``est.preset`` (``"default"``: ours, ``"paper"``: the released module), its
+    grids ``est.grid`` / ``est.steerable_grid``, experts, heads, encoding.
     avg_num_nodes / avg_degree: dataset statistics (OC20: 77.81 / 23.39);
     set them from your data (``est.data`` computes them).
     regress_forces: ``"direct"`` (EquiformerV2's force head), ``"gradient"``
@@ -69,17 +173,7 @@ class ModelConfig:
     alpha_drop: float = 0.1
     # update block
     update: str = "ffn"
-    est_preset: str = "default"
-    est_num_steerable_experts: int | None = None
-    est_num_spherical_experts: int | None = None
-    est_num_heads: int | None = None
-    est_encoding: str | None = None
-    est_grid_kind: str | None = None
-    est_grid_num_points: int | None = None
-    est_grid_degree: int | None = None
-    est_grid_normalization: str | None = None
-    est_grid_rotation: bool | None = None
-    est_mlp_ratio: int | None = None
+    est: ESTOptions = dataclasses.field(default_factory=ESTOptions)
     # dataset statistics
     avg_num_nodes: float = 77.81
     avg_degree: float = 23.39
@@ -126,6 +220,7 @@ class ModelConfig:
         if self.avg_num_nodes <= 0 or self.avg_degree <= 0:
             raise ValueError("ModelConfig: avg_num_nodes and avg_degree must be > 0 (dataset statistics)")
         self.grid_resolution = tuple(self.grid_resolution)
+        self.est = ESTOptions.from_any(self.est)
         if self.regress_forces == "gradient" and (self.envelope is None or self.max_neighbors is not None):
             warnings.warn(
                 "regress_forces='gradient' with "
@@ -140,9 +235,13 @@ class ModelConfig:
         return [f.name for f in dataclasses.fields(cls)]
 
     def replace(self, **changes) -> "ModelConfig":
+        """A copy with ``changes``; ``est`` given as a mapping is merged into the current EST options."""
+        check_renamed(changes)
         unknown = sorted(set(changes) - set(self.field_names()))
         if unknown:
             raise ValueError(f"unknown model config keys {unknown}; valid keys: {self.field_names()}")
+        if isinstance(changes.get("est"), Mapping):
+            changes["est"] = merge_est(self.est, changes["est"])
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:

@@ -20,7 +20,7 @@ from torch import nn
 
 from ..geometry import apply_strain
 from .backbone import EquiformerV2Backbone
-from .config import ModelConfig
+from .config import ModelConfig, check_renamed
 from .heads import DirectForceHead, ScalarHead
 from .init import init_weights_
 
@@ -94,6 +94,7 @@ class EquiformerV2(nn.Module):
 
     def __init__(self, config: ModelConfig | None = None, **kwargs) -> None:
         super().__init__()
+        check_renamed(kwargs)
         if config is None:
             config = ModelConfig(**kwargs)
         elif kwargs:

@@ -6,7 +6,9 @@ defaults, plus small CPU sizes. Dataset statistics (``avg_num_nodes``,
 """
 from __future__ import annotations
 
-from .config import ModelConfig
+from collections.abc import Mapping
+
+from .config import ModelConfig, check_renamed, merge_est
 from .model import EquiformerV2
 
 __all__ = ["MODEL_CONFIGS", "build_model", "list_models", "model_config"]
@@ -39,13 +41,13 @@ MODEL_CONFIGS: dict[str, dict] = {
     "est-paper": dict(
         _EQV2_OC20, num_layers=12, lmax=6, mmax=2, channels=128, num_heads=8, attn_hidden_channels=128,
         attn_alpha_channels=32, attn_value_channels=16, ffn_hidden_channels=512, norm="rms_norm_sh",
-        cutoff=5.0, num_radial=600, update="est", est_preset="paper", drop_path=0.05,
+        cutoff=5.0, num_radial=600, update="est", est=dict(preset="paper"), drop_path=0.05,
     ),
     # CPU sizes: seconds per step on 2 cores
     "est-tiny": dict(_TINY, update="est"),
     "eqv2-tiny": dict(_TINY, update="ffn"),
     "spherical-tiny": dict(_TINY, update="spherical"),
-    "est-paper-tiny": dict(_TINY, update="est", est_preset="paper"),
+    "est-paper-tiny": dict(_TINY, update="est", est=dict(preset="paper")),
     "est-small": dict(_TINY, num_layers=4, lmax=4, channels=64, attn_hidden_channels=64, num_heads=4,
                       attn_alpha_channels=16, attn_value_channels=16, ffn_hidden_channels=128, edge_channels=64,
                       num_radial=64, grid_resolution=(12, 11), update="est"),
@@ -65,9 +67,12 @@ def model_config(name: str, **overrides) -> ModelConfig:
     if name not in MODEL_CONFIGS:
         raise ValueError(f"unknown model {name!r}; known: {sorted(MODEL_CONFIGS)}")
     values = dict(MODEL_CONFIGS[name])
+    check_renamed(overrides)
     unknown = sorted(set(overrides) - set(ModelConfig.field_names()))
     if unknown:
         raise ValueError(f"unknown model config keys {unknown} for {name!r}; valid keys: {ModelConfig.field_names()}")
+    if isinstance(overrides.get("est"), Mapping):  # nested: merged into the shape's EST options
+        overrides = dict(overrides, est=merge_est(values.get("est") or {}, overrides["est"]))
     values.update(overrides)
     return ModelConfig(**values)
 

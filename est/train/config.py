@@ -456,10 +456,17 @@ def check_model_keys(model_cfg: Any) -> None:
         return
     try:
         from est.models import ModelConfig  # type: ignore[attr-defined]
+        from est.models.config import ESTOptions, check_renamed
 
         valid = set(ModelConfig.field_names())
     except Exception:  # models not importable: build_model will complain
         return
+    try:
+        check_renamed(list(model_cfg))
+        if model_cfg.get("est") is not None:
+            ESTOptions.from_any(to_container(model_cfg["est"]) if not isinstance(model_cfg["est"], dict) else model_cfg["est"])
+    except ValueError as exc:
+        raise ConfigError(f"{exc}. Fix: use the nested names, e.g. model.est.preset=paper model.est.grid.degree=24.") from None
     for key in model_cfg:
         if key != "name" and key not in valid:
             close = difflib.get_close_matches(str(key), sorted(valid), n=3, cutoff=0.5)

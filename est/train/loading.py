@@ -18,7 +18,7 @@ from torch import nn
 from .checkpoint import load_checkpoint, resolve_checkpoint_path
 from .config import ConfigError, TrainConfig
 
-__all__ = ["build_model_from_config", "model_state", "load_trained_model"]
+__all__ = ["build_model_from_config", "model_state", "load_trained_model", "checkpoint_config"]
 
 
 def model_dict(model_cfg: Any) -> Dict[str, Any]:
@@ -71,6 +71,17 @@ def model_state(ck: Dict[str, Any], use_ema: bool = True) -> Dict[str, Any]:
     return ema["module"] if (use_ema and isinstance(ema, dict) and "module" in ema) else ck["model"]
 
 
+def checkpoint_config(ck: Dict[str, Any]):
+    """The checkpoint's training config (``TrainConfig`` schema), with model keys of older versions
+    renamed (flat ``est_*`` -> nested ``est``), so old checkpoints keep loading."""
+    raw = dict(ck["config"])
+    if isinstance(raw.get("model"), dict):
+        from est.models.config import migrate_model_keys
+
+        raw["model"] = migrate_model_keys(raw["model"])
+    return OmegaConf.merge(OmegaConf.structured(TrainConfig), raw)
+
+
 def load_trained_model(path: str, *, map_location: Any = "cpu", use_ema: bool = True):
     """Rebuild a trained model from an est.train checkpoint: ``(model in eval mode, checkpoint dict)``.
 
@@ -84,6 +95,6 @@ def load_trained_model(path: str, *, map_location: Any = "cpu", use_ema: bool = 
     if not isinstance(ck, dict) or "config" not in ck or "model" not in ck:
         keys = sorted(ck) if isinstance(ck, dict) else type(ck).__name__
         raise ValueError(f"{path} is not an est.train checkpoint (needs 'config' and 'model'; has {keys})")
-    model = build_model_from_config(OmegaConf.merge(OmegaConf.structured(TrainConfig), ck["config"]))
+    model = build_model_from_config(checkpoint_config(ck))
     model.load_state_dict(model_state(ck, use_ema))
     return model.eval(), ck

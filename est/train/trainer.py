@@ -56,7 +56,8 @@ from torch import nn
 from .checkpoint import (FORMAT_VERSION, checkpoint_step, copy_checkpoint, load_checkpoint,
                          rng_state, save_checkpoint, set_rng_state)
 from .config import ConfigError, TrainConfig, to_container, validate_numbers
-from .loading import build_model_from_config, load_trained_model, model_dict, model_state  # noqa: F401 (re-exported)
+from .loading import (build_model_from_config, checkpoint_config, load_trained_model, model_dict,  # noqa: F401
+                      model_state)
 from .data import (Prefetcher, build_datasets, dataset_natoms, make_loader, resolve_model_stats, sample_source,
                    training_elements)
 from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_object, setup_distributed
@@ -661,7 +662,7 @@ def evaluate_checkpoint(cfg: DictConfig, overrides: Sequence[str] = (), *, datas
     """
     path = cfg.ckpt or os.path.join(cfg.run_dir, "best.pt")
     ck = load_checkpoint(path)
-    base = OmegaConf.merge(OmegaConf.structured(TrainConfig), ck["config"])
+    base = checkpoint_config(ck)
     user = [o.lstrip("+") for o in overrides if not o.lstrip("+").split("=")[0] in ("mode", "ckpt", "experiment")]
     keep = [o for o in user if o.split("=")[0].split(".")[0] in ("data", "eval_splits", "run_dir", "trainer")]
     ecfg = OmegaConf.merge(base, OmegaConf.from_dotlist(keep)) if keep else base

@@ -81,7 +81,7 @@ class ESTClassifier(nn.Module):
             attn_value_channels=max(8, C // 4), ffn_hidden_channels=2 * C, edge_channels=C,
             num_radial=c.num_radial, grid_resolution=tuple(c.grid_resolution), norm="rms_norm_sh",
             cutoff=c.cutoff, max_neighbors=None, drop_path=0.0, alpha_drop=0.0, avg_degree=c.avg_degree,
-            avg_num_nodes=10.0, max_num_elements=c.max_num_elements, update=c.update, est_preset=c.preset,
+            avg_num_nodes=10.0, max_num_elements=c.max_num_elements, update=c.update, est=dict(preset=c.preset),
             regress_energy=False, regress_forces=None,
         )
         self.backbone = EquiformerV2Backbone(mcfg)
