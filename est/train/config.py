@@ -47,7 +47,7 @@ class ConfigError(ValueError):
     """A configuration problem; the message names the key and the fix."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DataConfig:
     """Where the data come from and how they are batched."""
 
@@ -90,7 +90,7 @@ class DataConfig:
     shuffle: bool = True
 
 
-@dataclass
+@dataclass(kw_only=True)
 class NormalizerConfig:
     """Target normalisation: fitted on training data unless given."""
 
@@ -101,7 +101,7 @@ class NormalizerConfig:
     energy_std: Optional[float] = None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainerConfig:
     """Optimisation, evaluation, checkpointing and logging."""
 
@@ -153,7 +153,7 @@ class TrainerConfig:
     normalizer: NormalizerConfig = field(default_factory=NormalizerConfig)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainConfig:
     """Root of the configuration."""
 
