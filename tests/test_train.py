@@ -214,3 +214,12 @@ def test_config_errors_name_key_and_fix(overrides, needle):
         load_config(overrides)
     assert needle in str(err.value)
     assert "Fix" in str(err.value) or "did you mean" in str(err.value) or "experiment/nope" in str(err.value)
+
+
+def test_qm9_energies_default_to_fitted_atom_references():
+    """U0/U/H/G are learned on top of per-element references fitted on the training split by default
+    (fairchem's linear references, MACE's E0s); b3lyp and none stay available."""
+    from est.train.config import load_config
+
+    assert load_config(["+experiment=qm9_quick"]).data.atomref == "fit"
+    assert load_config(["+experiment=qm9_quick", "data.atomref=b3lyp"]).data.atomref == "b3lyp"

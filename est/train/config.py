@@ -62,7 +62,7 @@ class DataConfig:
     #: PyG target indices to learn (0..18); U0/U/H/G (7-10) use atom references
     targets: List[int] = field(default_factory=lambda: [7])
     #: "b3lyp" (QM9's free-atom energies), "fit" (least squares on train), "none"
-    atomref: str = "b3lyp"
+    atomref: str = "fit"
     split_seed: int = 0
     cache_dir: Optional[str] = None
     # -- OC20-layout LMDB (s2ef: folder of *.lmdb; is2re: data.lmdb)
