@@ -18,6 +18,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ...models import ModelConfig
+from ...models.backbone import EquiformerV2Backbone
+
 __all__ = ["ClassifierConfig", "ESTClassifier", "TensorProductClassifier", "est_classifier",
            "tensor_product_classifier"]
 
@@ -70,9 +73,6 @@ class ESTClassifier(nn.Module):
 
     def __init__(self, config: ClassifierConfig) -> None:
         super().__init__()
-        from ...models import ModelConfig
-        from ...models.backbone import EquiformerV2Backbone
-
         c = self.config = config
         C = c.channels
         mcfg = ModelConfig(
