@@ -94,7 +94,7 @@ def accuracy_tables(acc: dict[str, Any]) -> dict[str, str]:
         base = per_model.get("fairchem")
         for kind, names in (("accuracy", [m for m in MAIN if m in per_model]),
                             ("ablation", ["est-default"] * ("est-default" in per_model) + [m for m in per_model if m not in MAIN])):
-            if not names or (kind == "ablation" and len(names) < 2):
+            if not names or (kind == "ablation" and not [m for m in names if m != "est-default"]):
                 continue
             rows = []
             for model in names:
