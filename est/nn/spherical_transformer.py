@@ -136,7 +136,7 @@ class SphericalTransformer(Float64Masters):
         if fp16:
             warn_float16("SphericalTransformer")
         N, H = x.shape[0], cfg.num_heads
-        D, R = rotation if rotation is not None else (None, None)
+        D = rotation[0] if rotation is not None else None  # [N, K, K]; the rotated points are not needed (the bias is invariant)
         h0 = self.scalar(x[:, 0])  # [N, C]
         f = self.point_norm(self.sft.to_sphere(x, rotation=D))  # [N, S, C]
         S = f.shape[1]
