@@ -60,9 +60,13 @@ def build(model: str, *, lmax: int, num_layers: int, readout: str, channels: int
     return est_classifier(update=spec["update"], preset=spec["preset"], **common)
 
 
+TASKS = ("counterexample", "kchain", "rotsym")
+
+
 def cells(args) -> list[dict]:
     """Every (task, model) cell; models vary fastest, so a partial run covers all rows evenly."""
     out = []
+    tasks = set(getattr(args, "tasks", None) or TASKS)
     for params in (dict(body=2), dict(body=3), dict(body=4, chiral=True)):
         out += [dict(task="counterexample", params=params, model=m, lmax=args.counter_lmax, layers=1)
                 for m in args.models]
@@ -72,7 +76,7 @@ def cells(args) -> list[dict]:
     for L in LMAXES:
         for fold in FOLDS:
             out += [dict(task="rotsym", params=dict(fold=fold), model=m, lmax=L, layers=1) for m in args.models]
-    return out
+    return [c for c in out if c["task"] in tasks]
 
 
 def key(cell: dict) -> str:
@@ -223,6 +227,8 @@ def main() -> None:
     ap.add_argument("--kchain-k", type=int, default=4)
     ap.add_argument("--kchain-lmax", type=int, default=2)
     ap.add_argument("--counter-lmax", type=int, default=4)
+    ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS),
+                    help="run only these tasks' cells (the JSON keeps every task's results)")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--table", action="store_true", help="print the tables from the JSON and exit")
