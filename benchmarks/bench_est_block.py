@@ -6,7 +6,9 @@ forward + backward time (float32, median), memory saved for backward
 memory), and the float64 equivariance error of the update ``block(x) - x`` in
 eval mode (worst of 4 random rotations, relative). The baseline in the same
 run is our SteerableFFN block (EquiformerV2's update: one steerable expert on
-the 18x18 equiangular grid). This is the table that chose our default.
+the 18x18 equiangular grid). This is the table that chose our default: the
+spherical Transformer with its linear maps on the irreps ("irreps"
+projections), MLP ratio 2, on a design of degree ``min(4L, max(3L, 18))``.
 
     python benchmarks/bench_est_block.py [--quick] [--atoms 1000] [--device cpu]
 """
@@ -22,26 +24,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import median_time, print_table, rel_equivariance_error, save, setup_threads  # noqa: E402
 
 from est.nn import ESTBlock, GridConfig, preset_config  # noqa: E402
+from est.nn.est_block import default_degree  # noqa: E402
 from est.so3 import random_rotation, wigner_D  # noqa: E402
 
 
 def configs(L: int):
     eqv2_grid = GridConfig(kind="equiangular", resolution=(18, 18))
     common = dict(ffn_grid=eqv2_grid, ffn_hidden_channels=128)
-    yield "EquiformerV2 FFN (baseline)", preset_config("default", lmax=L, channels=128, num_spherical_experts=0, **common)
+    design = lambda t: GridConfig(kind="design", degree=t, normalization="quadrature")  # noqa: E731
+    yield "EquiformerV2 FFN (baseline)", preset_config("default", lmax=L, channels=128, num_spherical_experts=0,
+                                                       num_steerable_experts=1, **common)
     yield "EST paper preset", preset_config("paper", lmax=L, channels=128, **common)
-    yield "default: designs (ST t=3L, FFN t=max(3L,18))", preset_config("default", lmax=L, channels=128, ffn_hidden_channels=128)
-    for name, grid in [
-        ("design S=(2L+1)(2L+2)", GridConfig(kind="design", num_points=(2 * L + 1) * (2 * L + 2))),
-        ("design t=3L (ST only)", GridConfig(kind="design", degree=3 * L)),
-        ("design t=4L", GridConfig(kind="design", degree=4 * L)),
-        ("gauss-legendre 2(L+1) lat.", GridConfig(kind="gauss-legendre", resolution=(2 * L + 2, 4 * L + 3))),
-    ]:
-        yield name, preset_config("default", lmax=L, channels=128, grid=grid, **common)
-    yield "design t=3L (ST), 4 heads", preset_config("default", lmax=L, channels=128, num_heads=4, **common)
-    yield "design t=3L (ST), bias encoding", preset_config("default", lmax=L, channels=128, encoding="bias", **common)
-    yield "design t=3L (ST), no encoding", preset_config("default", lmax=L, channels=128, encoding="none", **common)
-    yield "spherical only (0+1)", preset_config("default", lmax=L, channels=128, num_steerable_experts=0, **common)
+    yield f"default: irreps proj., r=2, t={default_degree(L)}", preset_config("default", lmax=L, channels=128)
+    # the previous default: hybrid (FFN expert on t = max(3L, 18) + ST), per-point LayerNorms and linears, t = 3L
+    previous = dict(num_steerable_experts=1, projections="points", mlp_ratio=4, ffn_hidden_channels=128,
+                    ffn_grid=design(max(3 * L, 18)))
+    yield "previous default: hybrid, per-point, t=3L", preset_config("default", lmax=L, channels=128, grid=design(3 * L),
+                                                                      **previous)
+    yield "per-point ST only, t=3L", preset_config("default", lmax=L, channels=128, grid=design(3 * L),
+                                                    **dict(previous, num_steerable_experts=0))
+    for t, r in [(3 * L, 2), (4 * L, 1), (4 * L, 2), (4 * L, 4)]:
+        yield f"irreps proj., r={r}, t={t}", preset_config("default", lmax=L, channels=128, grid=design(t), mlp_ratio=r)
+    yield f"irreps proj., r=2, t={default_degree(L)}, 4 heads", preset_config("default", lmax=L, channels=128, num_heads=4)
+    yield f"irreps proj., r=2, t={default_degree(L)}, no encoding", preset_config("default", lmax=L, channels=128,
+                                                                                   encoding="none")
+    yield "default + FFN expert (hybrid)", preset_config("default", lmax=L, channels=128, num_steerable_experts=1)
 
 
 def saved_bytes(fn) -> int:

@@ -73,18 +73,24 @@ if __name__ == "__main__":
 
 from common import save  # noqa: E402
 
+PREVIOUS_DEFAULT = ["model.est.num_steerable_experts=1", "model.est.projections=points", "model.est.mlp_ratio=4",
+                    "model.est.grid.kind=design", "model.est.grid.degree={t3}", "model.est.steerable_grid.kind=design",
+                    "model.est.steerable_grid.degree={tffn}"]
 #: model label -> overrides on top of the data set's experiment (the shape is the same for all)
 MODELS: dict[str, list[str]] = {
     "fairchem": ["+model._target_=fairchem_eqv2.trainable"],
     "est-ffn": ["model.update=ffn"],
     "est-default": ["model.update=est", "model.est.preset=default"],
     "est-paper": ["model.update=est", "model.est.preset=paper"],
-    "est-spherical": ["model.update=spherical"],
-    # accuracy vs S: the default block with the spherical Transformer on a t-design of degree t
-    # (QM9's L = 2: t = 4 / 6 (default) / 8 / 12 -> S = 12 / 24 / 36 / 86 points)
-    "est-t4": ["model.update=est", "model.est.grid.degree=4"],
-    "est-t8": ["model.update=est", "model.est.grid.degree=8"],
-    "est-t12": ["model.update=est", "model.est.grid.degree=12"],
+    # the EST default before the irreps-projection redesign ("0"): a steerable + a spherical expert,
+    # per-point LayerNorms and linears, MLP ratio 4, ST on a design of degree 3L ({t3}); "est-spherical0"
+    # without the steerable expert. {t3} / {tffn} are filled in per data set from its L.
+    "est-hybrid0": ["model.update=est", *PREVIOUS_DEFAULT],
+    "est-spherical0": ["model.update=spherical", *PREVIOUS_DEFAULT],
+    # accuracy vs S for the previous default (QM9's L = 2: t = 4 / 6 / 8 / 12 -> S = 12 / 24 / 36 / 86 points)
+    "est-t4": ["model.update=est", *PREVIOUS_DEFAULT, "model.est.grid.degree=4"],
+    "est-t8": ["model.update=est", *PREVIOUS_DEFAULT, "model.est.grid.degree=8"],
+    "est-t12": ["model.update=est", *PREVIOUS_DEFAULT, "model.est.grid.degree=12"],
     # training parity with fairchem, one factor at a time (est's EquiformerV2 + fairchem's choice)
     "est-ffn-eqv2init": ["model.update=ffn", "model.weight_init=eqv2"],
     "est-ffn-strict": ["model.update=ffn", "model.neighbor_tie_mode=strict"],
@@ -105,6 +111,7 @@ DATASETS: dict[str, dict[str, Any]] = {
                    "model.use_pbc=false", "model.avg_num_nodes=auto", "model.avg_degree=auto",
                    "model.num_radial=600", "model.grid_resolution=[10,10]", "trainer.final_splits=[test]"],
         split="test",
+        lmax=2,
     ),
     "emt": dict(
         experiment="oc20_s2ef_quick",
@@ -112,9 +119,16 @@ DATASETS: dict[str, dict[str, Any]] = {
                    "model.max_neighbors=20", "model.avg_num_nodes=auto", "model.avg_degree=auto",
                    "model.num_radial=600", "model.grid_resolution=[10,10]", "trainer.final_splits=[val]"],
         split="val",
+        lmax=3,
     ),
 }
 QUICK = ["trainer.max_steps=4", "trainer.eval_every=4", "data.subset=200"]
+
+
+def model_overrides(model: str, data: str) -> list[str]:
+    """``MODELS[model]`` with ``{t3}`` / ``{tffn}`` (3L and max(3L, 18) at the data set's L) filled in."""
+    L = DATASETS[data]["lmax"]
+    return [o.format(t3=3 * L, tffn=max(3 * L, 18)) for o in MODELS[model]]
 
 
 def run_dir(root: Path, data: str, model: str, seed: int) -> Path:
@@ -130,7 +144,7 @@ def train_one(data: str, model: str, seed: int, root: Path, extra: list[str]) ->
     torch.set_num_threads(1)
     d = DATASETS[data]
     rd = run_dir(root, data, model, seed)
-    cli = [f"+experiment={d['experiment']}", *d["overrides"], *MODELS[model], f"seed={seed}", f"run_dir={rd}",
+    cli = [f"+experiment={d['experiment']}", *d["overrides"], *model_overrides(model, data), f"seed={seed}", f"run_dir={rd}",
            "trainer.resume=never", "trainer.progress=false", "trainer.tensorboard=false", *extra]
     print(f"[accuracy] {data}/{model}/seed {seed}: python train.py {' '.join(cli)}", flush=True)
     cfg = load_config(cli)

@@ -38,11 +38,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, print_table  # noqa: E402
 
 OUT = RESULTS / "expressivity.json"
+def _previous_default(experts: int):
+    """The EST default before the irreps-projection redesign: per-point LayerNorms and linears, MLP ratio 4,
+    spherical Transformer on a design of degree 3L, ``experts`` steerable (FFN) experts."""
+    return lambda L: dict(num_steerable_experts=experts, projections="points", mlp_ratio=4,
+                          grid=dict(kind="design", degree=3 * L), steerable_grid=dict(kind="design", degree=max(3 * L, 18)))
+
+
 MODELS = {
     "eqv2 (ffn)": dict(kind="est", update="ffn", preset="default"),
     "EST default": dict(kind="est", update="est", preset="default"),
     "EST paper": dict(kind="est", update="est", preset="paper"),
-    "spherical only": dict(kind="est", update="spherical", preset="default"),
+    "EST hybrid (previous default)": dict(kind="est", update="est", preset="default", est=_previous_default(1)),
+    "spherical only (previous, per-point)": dict(kind="est", update="spherical", preset="default",
+                                                 est=_previous_default(0)),
     "e3nn TP": dict(kind="tp"),
 }
 FOLDS = (2, 3, 5, 10)
@@ -57,7 +66,8 @@ def build(model: str, *, lmax: int, num_layers: int, readout: str, channels: int
                   avg_degree=task.mean_degree, cutoff=max(2.0, 1.5 * task.max_edge_length))
     if spec["kind"] == "tp":
         return tensor_product_classifier(**common)
-    return est_classifier(update=spec["update"], preset=spec["preset"], **common)
+    est = spec["est"](lmax) if "est" in spec else None
+    return est_classifier(update=spec["update"], preset=spec["preset"], est=est, **common)
 
 
 TASKS = ("counterexample", "kchain", "rotsym")

@@ -40,7 +40,7 @@ README = HERE.parent / "README.md"
 PAGES = (README, HERE.parent / "docs" / "results.md")
 
 #: the models of the main comparison, in table order (the rest are ablations)
-MAIN = ["fairchem", "est-ffn", "est-default"]
+MAIN = ["fairchem", "est-ffn", "est-default", "est-hybrid0"]
 #: (title, metric key, scale to the reporting unit), per data set
 METRICS = {
     "qm9": [("gap (meV)", "mae_gap", 1.0), ("U0 (meV)", "mae_U0", 1.0), ("mu (D)", "mae_mu", 1.0),
@@ -51,8 +51,9 @@ METRICS = {
 PRIMARY = {"qm9": "mae_gap", "emt": "forces_mae"}
 LABELS = {"fairchem": "fairchem EquiformerV2", "est-ffn": "est EquiformerV2 (`update=\"ffn\"`)",
           "est-default": "est EST (default)", "est-paper": "est EST (paper preset)",
-          "est-spherical": "est spherical experts only", "est-t4": "est EST, ST on t=4 (S=12)",
-          "est-t8": "est EST, ST on t=8 (S=36)", "est-t12": "est EST, ST on t=12 (S=86)",
+          "est-hybrid0": "est EST, previous default (hybrid, per-point)",
+          "est-spherical0": "est spherical only, previous (per-point)", "est-t4": "previous default, ST on t=4 (S=12)",
+          "est-t8": "previous default, ST on t=8 (S=36)", "est-t12": "previous default, ST on t=12 (S=86)",
           "est-ffn-eqv2init": "est-ffn + EquiformerV2 init", "est-ffn-strict": "est-ffn + strict max_neighbors",
           "est-ffn-roll": "est-ffn + random edge roll", "est-ffn-fairchem": "est-ffn + all three"}
 

@@ -43,6 +43,7 @@ class ESTOptions:
     num_heads: int | None = None
     encoding: str | None = None
     mlp_ratio: int | None = None
+    projections: str | None = None
     grid_rotation: bool | None = None
     grid: GridOptions = dataclasses.field(default_factory=GridOptions)
     steerable_grid: GridOptions = dataclasses.field(default_factory=GridOptions)

@@ -30,7 +30,7 @@ from .ffn import SteerableFFN, SteerableFFNConfig
 from .grid import GridConfig, check_features, check_float16_output, check_positive, is_float16
 from .spherical_transformer import SphericalTransformer, SphericalTransformerConfig
 
-__all__ = ["ESTBlock", "ESTBlockConfig", "PRESETS", "preset_config"]
+__all__ = ["ESTBlock", "ESTBlockConfig", "PRESETS", "preset_config", "default_degree"]
 
 
 @dataclass(kw_only=True)
@@ -47,6 +47,7 @@ class ESTBlockConfig:
     num_heads: int = 1
     encoding: str = "concat"
     mlp_ratio: int = 4
+    projections: str = "points"  # spherical Transformer: "points" (the paper) or "irreps" (linears on coefficients)
     grid: GridConfig = field(default_factory=lambda: GridConfig(kind="design", normalization="quadrature"))
     grid_rotation: bool = True
     drop_path: float = 0.0
@@ -65,6 +66,7 @@ def _paper(lmax: int) -> dict:
         grid=GridConfig(kind="fibonacci", num_points=default_num_points(lmax), normalization="column"),
         num_heads=1,
         encoding="concat",
+        projections="points",
         num_steerable_experts=1,
         num_spherical_experts=1,
         grid_rotation=True,
@@ -72,15 +74,29 @@ def _paper(lmax: int) -> dict:
     )
 
 
+def default_degree(lmax: int) -> int:
+    """Our default t-design degree for the spherical Transformer: ``t = min(4L, max(3L, 18))``.
+
+    4L up to L = 4 (t = 8, 12, 16 at L = 2, 3, 4), then never below 18 and never
+    below 3L (t = 18 at L = 5, 6; 3L beyond). Chosen in ``benchmarks/bench_est_block.py``:
+    the attention costs ~S^2 per atom, so t = 4L at L = 6 (S = 314) would cost
+    ~1.6x EquiformerV2's FFN, while t = 18 (S = 182) stays ~1.1x and is already
+    ~10x more equivariant than the FFN on its 18x18 grid.
+    """
+    return min(4 * lmax, max(3 * lmax, 18))
+
+
 def _default(lmax: int) -> dict:
-    # our default: spherical designs for both the spherical Transformer (t = 3L:
-    # exact round trip, exact quadratic terms of the nonlinearity; at L=6 the
-    # paper's S=182) and the steerable experts. Chosen in benchmarks/bench_est_block.py.
-    # the steerable experts never sample coarser than EquiformerV2's 18x18
-    # grid (degree 17 in latitude): t = max(3L, 18), i.e. 182 points from L <= 6
-    grid = GridConfig(kind="design", degree=3 * lmax, normalization="quadrature")
+    # our default: one spherical Transformer expert with its linear maps on the irreps coefficients
+    # ("irreps" projections: no per-point LayerNorm, MLP width 2C carried by the values), on a
+    # spherical design of degree default_degree(L). Chosen in benchmarks/bench_est_block.py: cheaper
+    # than EquiformerV2's FFN at L <= 4, ~1.1x at L = 6, and more equivariant than it at every L.
+    # A steerable (FFN) expert can be added (num_steerable_experts=1); it then samples a design
+    # never coarser than EquiformerV2's 18x18 grid: t = max(3L, 18).
+    grid = GridConfig(kind="design", degree=default_degree(lmax), normalization="quadrature")
     ffn_grid = GridConfig(kind="design", degree=max(3 * lmax, 18), normalization="quadrature")
-    return dict(grid=grid, ffn_grid=ffn_grid)
+    return dict(grid=grid, ffn_grid=ffn_grid, num_steerable_experts=0, num_spherical_experts=1,
+                projections="irreps", mlp_ratio=2)
 
 
 PRESETS = {"paper": _paper, "default": _default}
@@ -158,6 +174,7 @@ class ESTBlock(nn.Module):
                     num_experts=E_sph,
                     mlp_ratio=cfg.mlp_ratio,
                     grid=cfg.grid,
+                    projections=cfg.projections,
                 )
             )
             if E_sph
@@ -216,5 +233,5 @@ class ESTBlock(nn.Module):
         c = self.config
         return (
             f"lmax={c.lmax}, channels={c.channels}, experts={c.num_steerable_experts}+{c.num_spherical_experts}, "
-            f"grid={c.grid.kind}, heads={c.num_heads}, encoding={c.encoding!r}"
+            f"grid={c.grid.kind}, heads={c.num_heads}, encoding={c.encoding!r}, projections={c.projections!r}"
         )

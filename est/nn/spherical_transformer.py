@@ -23,6 +23,24 @@ For each atom, with features :math:`h \in \mathbb{R}^{K\times C}` and points
 6. gated spherical experts :math:`\sum_e g_e\,\mathrm{MLP}_e` per point;
 7. back to irreps :math:`\mathcal{F}^{-1}`, with the l = 0 row replaced by :math:`h_0'`.
 
+``projections="irreps"`` (our default block) computes the same Transformer with
+every linear map where it is cheapest. A channel-mixing linear commutes with
+the transform, :math:`\mathcal{F}(hW) = (\mathcal{F}h)W`, and attention rows sum
+to one, so :math:`\mathrm{attn}(V)W_1 = \mathrm{attn}(VW_1)`: with the two
+per-point LayerNorms (before Q/K/V and at the start of each expert MLP) replaced
+by one equivariant RMS norm of the irreps, the block is
+
+.. math::
+    \hat h = \mathrm{RMSNorm}(h),\quad
+    [Q\,K\,V_1..V_E] = \mathcal{F}\big(W^{qkv}_l \hat h_l\big),\quad
+    u = \sum_e g_e\, W^{o}_{e,l}\,\mathcal{F}^{-1}\mathrm{SiLU}\big(\mathrm{attn}(Q, K, V_e)\big)
+
+with per-degree linears :math:`W_l` (:class:`~est.nn.linear.DegreeLinear`, bias
+on l = 0, which reaches every point as a constant) acting on K = (L+1)^2
+coefficients instead of S points, and the expert MLP's hidden width
+``mlp_ratio * C`` carried by the values. The only per-point work left is the
+attention itself and one SiLU.
+
 Everything acting per point commutes with a rotation of the points, so the
 module is exactly as equivariant as the point set lets the transform pair be
 (measured in ``benchmarks/bench_est_block.py``). In training, a random
@@ -42,10 +60,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..sphere.masters import Float64Masters
 from .grid import GridConfig, check_features, check_float16_output, check_positive, is_float16, warn_float16
+from .linear import DegreeLinear
+from .norms import build_norm
 
-__all__ = ["SphericalTransformer", "SphericalTransformerConfig", "ENCODINGS"]
+__all__ = ["SphericalTransformer", "SphericalTransformerConfig", "ENCODINGS", "PROJECTIONS"]
 
 ENCODINGS = ("concat", "bias", "none")
+PROJECTIONS = ("points", "irreps")
 
 
 @dataclass(kw_only=True)
@@ -58,6 +79,7 @@ class SphericalTransformerConfig:
     mlp_ratio: int = 4
     bias_degree: int = 8  # Legendre degree of the "bias" encoding
     grid: GridConfig = field(default_factory=GridConfig)
+    projections: str = "points"  # "points": the paper's per-point LayerNorm + linears; "irreps": see the module doc
 
     def __post_init__(self) -> None:
         check_positive(self, ("channels", "num_heads", "num_experts", "mlp_ratio"), owner="SphericalTransformerConfig")
@@ -85,16 +107,26 @@ class SphericalTransformer(Float64Masters):
             raise ValueError(f"unknown orientation encoding {cfg.encoding!r}; expected one of {ENCODINGS}")
         if cfg.channels % cfg.num_heads:
             raise ValueError(f"channels={cfg.channels} must be divisible by num_heads={cfg.num_heads}")
+        if cfg.projections not in PROJECTIONS:
+            raise ValueError(f"unknown projections {cfg.projections!r}; expected one of {PROJECTIONS}")
         self.config = cfg
-        C = cfg.channels
-        self.sft = cfg.grid.build(cfg.lmax)
+        C, L, E = cfg.channels, cfg.lmax, cfg.num_experts
+        # "irreps": values at the points with the amplitude of the coefficients ("component" scaling, as
+        # EquiformerV2's grids); without it the logits grow ~(L+1)^2 and the softmax aliases on the grid
+        self.sft = cfg.grid.build(cfg.lmax, degree_scaling="component" if cfg.projections == "irreps" else "none")
         self.scalar = nn.Sequential(nn.LayerNorm(C), nn.Linear(C, C), nn.SiLU())
-        self.point_norm = nn.LayerNorm(C)
-        self.q, self.k, self.v = nn.Linear(C, C), nn.Linear(C, C), nn.Linear(C, C)
-        self.experts = nn.ModuleList(
-            nn.Sequential(nn.LayerNorm(C), nn.Linear(C, cfg.mlp_ratio * C), nn.SiLU(), nn.Linear(cfg.mlp_ratio * C, C))
-            for _ in range(cfg.num_experts)
-        )
+        if cfg.projections == "points":
+            self.point_norm = nn.LayerNorm(C)
+            self.q, self.k, self.v = nn.Linear(C, C), nn.Linear(C, C), nn.Linear(C, C)
+            self.experts = nn.ModuleList(
+                nn.Sequential(nn.LayerNorm(C), nn.Linear(C, cfg.mlp_ratio * C), nn.SiLU(), nn.Linear(cfg.mlp_ratio * C, C))
+                for _ in range(E)
+            )
+        else:
+            self.hidden = cfg.mlp_ratio * C  # per expert, carried by the values
+            self.norm = build_norm("rms_norm_sh", lmax=L, channels=C)
+            self.qkv = DegreeLinear(lmax=L, in_channels=C, out_channels=2 * C + E * self.hidden)
+            self.out = DegreeLinear(lmax=L, in_channels=E * self.hidden, out_channels=C, bias=False)  # l = 0 row: h0'
         w = self.sft._masters["weights"]
         if not torch.allclose(w, w.mean().expand_as(w), rtol=1e-9, atol=0):
             self.register_master("log_weights", torch.log(w / w.mean()))  # [S]
@@ -123,6 +155,17 @@ class SphericalTransformer(Float64Masters):
             bias = lw if bias is None else bias + lw
         return bias
 
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Multi-head softmax attention over the points: ``[N, S, *] x 3 -> [N, S, v's width]``."""
+        H = self.config.num_heads
+        q, k, v = (t.unflatten(-1, (H, -1)).transpose(1, 2) for t in (q, k, v))  # [N, H, S, d]
+        bias = self._attention_bias(q.dtype)  # [S, S], [H, S, S] or None
+        # with autograd on, the math kernel: gradient forces differentiate the attention twice
+        # (create_graph=True), which the fused CPU/GPU kernels do not support; no_grad inference may fuse
+        with sdpa_kernel(SDPBackend.MATH) if torch.is_grad_enabled() else contextlib.nullcontext():
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=self.scale)  # [N, H, S, d_v]
+        return o.transpose(1, 2).flatten(-2)  # [N, S, H * d_v]
+
     def forward(
         self,
         x: torch.Tensor,
@@ -135,22 +178,23 @@ class SphericalTransformer(Float64Masters):
         fp16 = is_float16(x)
         if fp16:
             warn_float16("SphericalTransformer")
-        N, H = x.shape[0], cfg.num_heads
+        N, E = x.shape[0], cfg.num_experts
         D = rotation[0] if rotation is not None else None  # [N, K, K]; the rotated points are not needed (the bias is invariant)
         h0 = self.scalar(x[:, 0])  # [N, C]
-        f = self.point_norm(self.sft.to_sphere(x, rotation=D))  # [N, S, C]
-        S = f.shape[1]
-        q, k, v = (lin(f).unflatten(-1, (H, -1)).transpose(1, 2) for lin in (self.q, self.k, self.v))  # [N, H, S, d]
-        bias = self._attention_bias(q.dtype)  # [S, S], [H, S, S] or None
-        # with autograd on, the math kernel: gradient forces differentiate the attention twice
-        # (create_graph=True), which the fused CPU/GPU kernels do not support; no_grad inference may fuse
-        with sdpa_kernel(SDPBackend.MATH) if torch.is_grad_enabled() else contextlib.nullcontext():
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=self.scale)  # [N, H, S, d]
-        o = o.transpose(1, 2).flatten(-2)  # [N, S, C]
         if gates is None:
-            gates = x.new_full((N, cfg.num_experts), 1.0 / cfg.num_experts)
-        y = sum(gates[:, e, None, None] * expert(o) for e, expert in enumerate(self.experts))  # [N, S, C]
-        out = self.sft.from_sphere(y, rotation=D)  # [N, K, C]
+            gates = x.new_full((N, E), 1.0 / E)
+        if cfg.projections == "points":
+            f = self.point_norm(self.sft.to_sphere(x, rotation=D))  # [N, S, C]
+            o = self._attend(self.q(f), self.k(f), self.v(f))  # [N, S, C]
+            y = sum(gates[:, e, None, None] * expert(o) for e, expert in enumerate(self.experts))  # [N, S, C]
+            out = self.sft.from_sphere(y, rotation=D)  # [N, K, C]
+        else:
+            C = cfg.channels
+            f = self.sft.to_sphere(self.qkv(self.norm(x)), rotation=D)  # [N, S, 2C + E*M]
+            o = self._attend(f[..., :C], f[..., C : 2 * C], f[..., 2 * C :])  # [N, S, E*M]
+            y = self.sft.from_sphere(F.silu(o), rotation=D)  # [N, K, E*M]
+            y = (y.unflatten(-1, (E, self.hidden)) * gates[:, None, :, None]).flatten(-2)  # [N, K, E*M]
+            out = self.out(y)  # [N, K, C]
         out = torch.cat([h0[:, None], out[:, 1:]], dim=1)  # [N, K, C]
         if fp16 and self.check_inputs:
             check_float16_output(out, "SphericalTransformer")

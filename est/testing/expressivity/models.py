@@ -66,6 +66,7 @@ class ClassifierConfig:
     avg_degree: float = 2.0
     grid_resolution: tuple[int, int] = (18, 18)
     max_num_elements: int = 10
+    est: dict | None = None  # further ``model.est`` options (est.models.ESTOptions fields) on top of ``preset``
 
 
 class ESTClassifier(nn.Module):
@@ -81,7 +82,7 @@ class ESTClassifier(nn.Module):
             attn_value_channels=max(8, C // 4), ffn_hidden_channels=2 * C, edge_channels=C,
             num_radial=c.num_radial, grid_resolution=tuple(c.grid_resolution), norm="rms_norm_sh",
             cutoff=c.cutoff, max_neighbors=None, drop_path=0.0, alpha_drop=0.0, avg_degree=c.avg_degree,
-            avg_num_nodes=10.0, max_num_elements=c.max_num_elements, update=c.update, est=dict(preset=c.preset),
+            avg_num_nodes=10.0, max_num_elements=c.max_num_elements, update=c.update, est=dict(c.est or {}, preset=c.preset),
             regress_energy=False, regress_forces=None,
         )
         self.backbone = EquiformerV2Backbone(mcfg)
