@@ -204,22 +204,22 @@ class _Killed(BaseException):
 
 
 def test_kill_during_final_evaluation_is_completed_by_rerun(tmp_path, data8, monkeypatch):
-    import est.train.trainer as trainer_mod
+    import est.train.report as report_mod
 
     ref = Trainer(_pair_cfg(tmp_path / "ref", "trainer.plots=false"), datasets=data8)
     assert ref.fit() == "finished"
     # killed in the middle of the final evaluation: metrics computed, CSV rows written, plotting under way
     run = tmp_path / "killed"
-    real_plot = trainer_mod.plot_parity
+    real_plot = report_mod.plot_parity
 
     def die(*a, **k):
         raise _Killed
 
-    monkeypatch.setattr(trainer_mod, "plot_parity", die)
+    monkeypatch.setattr(report_mod, "plot_parity", die)
     with pytest.raises(_Killed):
         Trainer(_pair_cfg(run), datasets=data8).fit()
     assert not (run / "final_metrics.json").exists() and len(_final_rows(run)) == 1  # the val row (no test split here)
-    monkeypatch.setattr(trainer_mod, "plot_parity", real_plot)
+    monkeypatch.setattr(report_mod, "plot_parity", real_plot)
     again = Trainer(_pair_cfg(run), datasets=data8)
     assert again.step == 4 and again.fit() == "finished"
     assert again.final_results == ref.final_results

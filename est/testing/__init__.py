@@ -12,16 +12,8 @@
 """
 from ._layers import assert_equivariant, equivariance_report
 from ._modules import check_modules
-from ._models import (
-    DEFAULT_OUTPUT_TYPES,
-    Adapter,
-    BatchModelAdapter,
-    CallableAdapter,
-    System,
-    as_adapter,
-    as_system,
-    check_model,
-)
+from ._adapters import DEFAULT_OUTPUT_TYPES, Adapter, BatchModelAdapter, CallableAdapter, as_adapter
+from ._models import check_model
 from ._report import CheckRow, EquivarianceReport, Tolerance, default_tolerance
 from ._reps import Rep, as_rep
 from ._rotations import (
@@ -31,6 +23,7 @@ from ._rotations import (
     search_worst_rotation,
     special_rotations,
 )
+from ._system import System, as_system
 
 __all__ = [
     "assert_equivariant",

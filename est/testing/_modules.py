@@ -19,10 +19,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ._models import BatchModelAdapter, as_adapter, as_system
+from ._adapters import BatchModelAdapter, as_adapter
 from ._report import EquivarianceReport, Recorder, Tolerance, make_tolerance
 from ._reps import Rep
 from ._rotations import describe_rotation, search_worst_rotation
+from ._system import as_system
 
 __all__ = ["check_modules"]
 

@@ -8,8 +8,9 @@ Library use::
     Trainer(cfg).fit()
 
 Modules: :mod:`~est.train.config` (validated Hydra configs), :mod:`~est.train.trainer`
-(the loop, checkpoints, evaluation), :mod:`~est.train.tasks` (normalisers, losses,
-metrics), :mod:`~est.train.sampler` (global batches split across ranks),
+(the loop, checkpoints, evaluation) with :mod:`~est.train.run_dir`, :mod:`~est.train.signals`,
+:mod:`~est.train.nonfinite` and :mod:`~est.train.report`, :mod:`~est.train.eval_mode` (``mode=eval``),
+:mod:`~est.train.tasks` (normalisers, losses, metrics), :mod:`~est.train.sampler` (global batches split across ranks),
 :mod:`~est.train.data` (datasets, loaders, prefetching), :mod:`~est.train.optim`
 (AdamW groups, EquiformerV2's LR shape), :mod:`~est.train.ema`,
 :mod:`~est.train.checkpoint`, :mod:`~est.train.loading` (trained models from checkpoints), :mod:`~est.train.evaluation`, :mod:`~est.train.logs`, :mod:`~est.train.distributed`.
@@ -23,7 +24,9 @@ _EXPORTS = {
     "optim": ["CosineWarmup", "build_optimizer", "param_groups"],
     "sampler": ["GlobalBatchSampler", "split_balanced"],
     "tasks": ["QM9Task", "S2EFTask", "IS2RETask", "build_task"],
-    "trainer": ["Trainer", "NonFiniteLossError", "evaluate_checkpoint"],
+    "trainer": ["Trainer"],
+    "nonfinite": ["NonFiniteLossError"],
+    "eval_mode": ["evaluate_checkpoint"],
     "loading": ["build_model_from_config", "load_trained_model", "model_state"],
     "evaluation": ["evaluate"],
 }

@@ -43,7 +43,9 @@ def main(argv: Optional[Sequence[str]] = None, *, config_dir: Optional[str] = No
         print(OmegaConf.to_yaml(cfg))
         return 0
     from .distributed import setup_distributed
-    from .trainer import NonFiniteLossError, Trainer, evaluate_checkpoint
+    from .eval_mode import evaluate_checkpoint
+    from .nonfinite import NonFiniteLossError
+    from .trainer import Trainer
 
     try:
         info = setup_distributed(cfg.trainer.device)

@@ -33,71 +33,45 @@ kill between writing ``last.pt`` and ``best.pt`` at an improving evaluation
 is repaired by copying ``last.pt``, which holds the same state) and the final
 results. Every checkpoint records the training elements (``elements``, with
 ``elements_source``), which the ASE calculator uses to refuse unseen ones.
+
+The trainer's helpers, one job each: :mod:`~est.train.run_dir` (the run's
+folder: writable, resume source, finished, ``best.pt`` repair),
+:mod:`~est.train.signals` (SIGTERM/SIGINT), :mod:`~est.train.nonfinite`
+(non-finite batches and their messages), :mod:`~est.train.report` (the
+end-of-run report); ``mode=eval`` is :mod:`~est.train.eval_mode`.
 """
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
-import signal
-import sys
-import tempfile
-import threading
 import time
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from .checkpoint import (FORMAT_VERSION, checkpoint_step, copy_checkpoint, load_checkpoint,
-                         rng_state, save_checkpoint, set_rng_state)
+from .checkpoint import FORMAT_VERSION, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import ConfigError, TrainConfig, to_container, validate_numbers
-from .loading import (build_model_from_config, checkpoint_config, load_trained_model, model_dict,  # noqa: F401
-                      model_state)
-from .data import (Prefetcher, build_datasets, dataset_natoms, make_loader, resolve_model_stats, sample_source,
-                   training_elements)
+from .loading import build_model_from_config, load_trained_model, model_dict, model_state  # noqa: F401
+from .data import Prefetcher, build_datasets, dataset_natoms, make_loader, resolve_model_stats, training_elements
 from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_object, setup_distributed
 from .ema import EMA
+from .eval_mode import evaluate_checkpoint  # noqa: F401  (mode=eval; re-exported where it used to live)
 from .evaluation import evaluate
-from .logs import MetricsCSV, TensorBoard, plot_learning_curve, plot_parity, summary_table
+from .logs import MetricsCSV, TensorBoard
+from .nonfinite import NonFiniteLossError, bad_batch_message, batch_ids, nonfinite_inputs
 from .optim import CosineWarmup, build_optimizer
+from .report import write_final_report
+from .run_dir import check_run_dir, check_same_model, final_results_written, repair_best, resume_checkpoint
 from .sampler import GlobalBatchSampler
+from .signals import StopSignals
 from .tasks import Task, build_task
 
 __all__ = ["Trainer", "NonFiniteLossError", "build_model_from_config", "evaluate_checkpoint", "check_run_dir"]
-
-
-class NonFiniteLossError(FloatingPointError):
-    """The loss or the gradients became NaN/inf more often than allowed."""
-
-
-def check_run_dir(path: str) -> Optional[str]:
-    """Create ``path`` and prove it writable; the problem and its fix as a message, or None if fine."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        return (f"run_dir={path} is a file, not a folder. Fix: choose another run_dir (e.g. run_dir={path}_run) "
-                "or move the file away.")
-    try:
-        os.makedirs(path, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".est_write_test.", dir=path)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        return (f"run_dir={path} cannot be created or written ({type(exc).__name__}: {exc.strerror or exc}). "
-                "Fix: choose a run_dir on a writable disk, e.g. run_dir=$HOME/runs/NAME.")
-    return None
-
-
-def _write_json_atomic(obj: Any, path: str) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _set_seed(seed: int) -> None:
@@ -136,13 +110,7 @@ class Trainer:
                               f"Fix: choose one of {', '.join(self.task.metric_names())}.")
 
         # ---------------------------------------------------------------- resume?
-        ckpt = None
-        last = os.path.join(self.run_dir, "last.pt")
-        if t.resume == "auto" and os.path.isfile(last):
-            ckpt = load_checkpoint(last)
-        elif t.resume not in ("auto", "never"):
-            ckpt = load_checkpoint(t.resume)
-        self.resumed_from = None if ckpt is None else (last if t.resume == "auto" else t.resume)
+        ckpt, self.resumed_from = resume_checkpoint(self.run_dir, t.resume)
 
         # ---------------------------------------------------------------- data
         self.datasets = datasets if datasets is not None else build_datasets(d, self.info)
@@ -173,11 +141,7 @@ class Trainer:
             if ckpt.get("elements"):
                 elements = ([int(z) for z in ckpt["elements"]], str(ckpt.get("elements_source", "checkpoint")))
             model_cfg = ckpt["config"]["model"]
-            now = model_dict(cfg.model)
-            diff = sorted(k for k in set(now) | set(model_cfg) if now.get(k) != model_cfg.get(k) and now.get(k) != "auto")
-            if diff:
-                raise ConfigError(f"{self.resumed_from} was trained with a different model config ({', '.join('model.' + k for k in diff)}). "
-                                  "Fix: use a new run_dir, or trainer.resume=never to start over in this one.")
+            check_same_model(model_cfg, model_dict(cfg.model), self.resumed_from)
         else:
             if self.info.is_main:
                 norm = self.task.fit_normalizers(self.train_ds, t.normalizer)
@@ -218,7 +182,7 @@ class Trainer:
         self.bad_batches = 0
         self.best = {"metric": self.monitor, "value": float("inf"), "step": -1}
         self.history: List[Dict[str, float]] = []
-        self._stop_signal: Optional[int] = None
+        self.stop_signals = StopSignals(rank=self.info.rank)
         self.on_step_end: Optional[Callable[["Trainer"], None]] = None
         self.last_eval_step = -1
         self.final_results: Dict[str, Dict[str, float]] = {}
@@ -288,26 +252,10 @@ class Trainer:
         barrier(self.info)
 
     # ==================================================================== signals
-    def _handler(self, signum, frame) -> None:
-        if self._stop_signal is not None:  # second signal: stop now
-            raise KeyboardInterrupt
-        self._stop_signal = signum
-        print(f"[est.train] rank {self.info.rank}: received {signal.Signals(signum).name}; "
-              "saving a checkpoint after this step, then exiting", file=sys.stderr, flush=True)
-
-    @contextlib.contextmanager
-    def _signals(self):
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-        for s in old:
-            signal.signal(s, self._handler)
-        try:
-            yield
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
+    @property
+    def _stop_signal(self) -> Optional[int]:
+        """The first SIGTERM/SIGINT received during :meth:`fit` on this rank, or None."""
+        return self.stop_signals.signum
 
     # ==================================================================== steps
     def _autocast(self):
@@ -319,48 +267,17 @@ class Trainer:
     def _bad_batch(self, what: str, batch, detail: Optional[str] = None) -> None:
         """Count a skipped batch (collective); past ``max_bad_batches`` raise naming the step, ``detail`` and the ids."""
         self.bad_batches += 1
-        ids = {k: getattr(batch, k).reshape(-1).tolist()[:64] for k in ("sid", "idx") if hasattr(batch, k)}
-        ids["detail"] = detail
-        ids = all_gather_object(ids, self.info)
-        details = "; ".join(f"rank {r}: {v['detail']}" if len(ids) > 1 else v["detail"] for r, v in enumerate(ids) if v["detail"])
-        msg = (f"{what} at step {self.step} (epoch {self.epoch}, batch {self.position} of the epoch)"
-               + (f": {details}" if details else "") + "; batch ids per rank: "
-               + "; ".join(f"rank {r}: sid={v.get('sid')} idx={v.get('idx')}" for r, v in enumerate(ids)))
+        ids = all_gather_object(batch_ids(batch, detail), self.info)
+        msg = bad_batch_message(what, ids, step=self.step, epoch=self.epoch, position=self.position)
         if self.bad_batches > self.cfg.trainer.max_bad_batches:
             raise NonFiniteLossError(msg + ". The update was not applied (weights are intact). Fix: lower trainer.lr, "
                                      "check these samples, or allow skipping with trainer.max_bad_batches=N.")
         self.log(f"[est.train] skipping batch: {msg} ({self.bad_batches}/{self.cfg.trainer.max_bad_batches} allowed)")
 
     def nonfinite_inputs(self, batch, *, max_samples: int = 5) -> Optional[str]:
-        """None when every float field of ``batch`` is finite (one host sync), else the bad samples.
-
-        Names, for up to ``max_samples`` samples, the non-finite fields, the
-        sample's ``sid``/``idx`` and where it is stored (file and key for LMDB,
-        row id for ASE databases).
-        """
-        fields = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor) and v.is_floating_point()}
-        if not fields or bool(torch.stack([torch.isfinite(v).all() for v in fields.values()]).all()):
-            return None
-        bad: Dict[int, List[str]] = {}  # graph -> fields
-        slices = getattr(batch, "_slice_dict", {})
-        for key, v in fields.items():
-            rows = (~torch.isfinite(v)).reshape(v.shape[0], -1).any(dim=1).nonzero().reshape(-1).cpu()  # [R]
-            if rows.numel() == 0:
-                continue
-            if key in slices:
-                graphs = torch.searchsorted(slices[key].cpu(), rows, right=True) - 1  # [R]
-            else:
-                graphs = torch.zeros_like(rows)
-            for g in graphs.unique().tolist():
-                bad.setdefault(int(g), []).append(key)
-        parts = []
-        for g in sorted(bad)[:max_samples]:
-            sid = int(batch.sid.reshape(-1)[g]) if hasattr(batch, "sid") else None
-            idx = int(batch.idx.reshape(-1)[g]) if hasattr(batch, "idx") else None
-            where = f" in {sample_source(self.train_ds, idx)}" if idx is not None else ""
-            parts.append(f"non-finite {'/'.join(bad[g])} in sample sid={sid} idx={idx}{where}")
-        more = f" (and {len(bad) - max_samples} more samples)" if len(bad) > max_samples else ""
-        return "; ".join(parts) + more
+        """None when every float field of ``batch`` is finite, else the bad samples of the training set
+        (:func:`~est.train.nonfinite.nonfinite_inputs`)."""
+        return nonfinite_inputs(batch, self.train_ds, max_samples=max_samples)
 
     def train_step(self, batch) -> Optional[float]:
         """One optimiser step on this rank's share of a global batch; returns the local scaled loss or None if skipped."""
@@ -447,22 +364,14 @@ class Trainer:
         """
         last = os.path.join(self.run_dir, "last.pt")
         if (self.info.is_main and self.resumed_from == last and self.best.get("step") == self.step == self.last_eval_step):
-            best = os.path.join(self.run_dir, "best.pt")
-            if checkpoint_step(best) != self.step:
-                copy_checkpoint(last, best)
-                self.log(f"[est.train] {best} was behind the evaluation at step {self.step} (interrupted write): "
-                         f"restored from {last}")
+            repaired = repair_best(self.run_dir, self.step)
+            if repaired:
+                self.log(f"[est.train] {repaired}")
         barrier(self.info)
 
     def final_results_written(self) -> bool:
         """Whether ``final_metrics.json`` names this step (same answer on every rank)."""
-        done = False
-        if self.info.is_main:
-            try:
-                with open(os.path.join(self.run_dir, "final_metrics.json")) as f:
-                    done = json.load(f).get("step") == self.step
-            except (OSError, ValueError):
-                done = False
+        done = final_results_written(self.run_dir, self.step) if self.info.is_main else False
         return bool(broadcast_object(done, self.info))
 
     def _stop_requested(self) -> bool:
@@ -476,7 +385,7 @@ class Trainer:
         SIGTERM/SIGINT here stops before the next split (``last.pt`` holds the
         final step); the same command then completes the final results.
         """
-        with self._signals():
+        with self.stop_signals.installed():
             if self._stop_requested():
                 self.save("last.pt")
                 results = None
@@ -518,7 +427,7 @@ class Trainer:
         status = "finished"
         win = {"loss": 0.0, "n": 0, "t0": time.perf_counter(), "samples": 0, "wait": 0.0, "eval0": self._eval_s}
         self._stop_agreed = False
-        with self._signals():
+        with self.stop_signals.installed():
             while self.step < self.total_steps:
                 self.sampler.set_epoch(self.epoch, self.position)
                 pf = Prefetcher(loader, self.device, enabled=t.prefetch)
@@ -618,86 +527,8 @@ class Trainer:
         if self._stop_requested():
             return None
         if self.info.is_main:
-            if results:
-                names = [m for m in self.task.metric_names() if m != "loss"]
-                table = summary_table(results, names, self.task.units)
-                print(f"\n[est.train] held-out results (best EMA weights, step {self.best.get('step')}) vs the mean predictor:\n{table}\n",
-                      flush=True)
-            tm = self.timing if getattr(self, "timing", None) else None
-            if tm and tm["steps"]:
-                print(f"[est.train] {tm['time'] / tm['steps'] * 1000:.1f} ms/step, {tm['samples'] / max(tm['time'], 1e-9):.1f} samples/s, "
-                      f"data wait {100 * tm['wait'] / max(tm['time'], 1e-9):.1f}% of the time")
-            if t.plots and results:
-                try:
-                    plot_learning_curve(os.path.join(self.run_dir, "metrics.csv"), os.path.join(self.run_dir, "learning_curve.png"),
-                                        self.monitor, units=self.task.units.get(self.monitor, ""))
-                    split = "test" if "test" in preds else next(iter(preds))
-                    plot_parity(parity_pairs(self.task, preds[split]), os.path.join(self.run_dir, f"parity_{split}.png"))
-                except Exception as exc:  # plots must never kill a finished run
-                    warnings.warn(f"plotting failed: {exc}")
-            # last: its presence (naming this step) is what makes the run finished
-            _write_json_atomic({"step": self.step, "best": self.best, "results": results,
-                                "timing": getattr(self, "timing", None)}, os.path.join(self.run_dir, "final_metrics.json"))
+            write_final_report(self.run_dir, task=self.task, results=results, preds=preds, step=self.step,
+                               best=self.best, monitor=self.monitor, timing=getattr(self, "timing", None), plots=t.plots)
         barrier(self.info)
         return results
 
-
-def parity_pairs(task: Task, p: Dict[str, np.ndarray]) -> Dict[str, tuple]:
-    if task.name == "qm9":
-        return {f"{n} [{task.units.get('mae_' + n, '')}]": (p["true"][:, k], p["pred"][:, k]) for k, n in enumerate(task.names)}
-    out = {"energy [eV]": (p["energy_true"], p["energy_pred"])}
-    if "forces_pred" in p:
-        free = p["fixed"] == 0
-        out["forces [eV/A]"] = (p["forces_true"][free], p["forces_pred"][free])
-    return out
-
-
-def evaluate_checkpoint(cfg: DictConfig, overrides: Sequence[str] = (), *, datasets: Optional[Dict[str, Any]] = None,
-                        info: Optional[DistInfo] = None) -> Dict[str, Dict[str, float]]:
-    """``mode=eval``: metrics and a predictions file of a checkpoint on ``eval_splits``.
-
-    The model, task and normalisers come from the checkpoint's own config;
-    ``data.*``, ``eval_splits`` and ``run_dir`` given on the command line
-    replace the checkpoint's. Writes ``<run_dir>/eval/{metrics,predictions}_<split>.*``.
-    """
-    path = cfg.ckpt or os.path.join(cfg.run_dir, "best.pt")
-    ck = load_checkpoint(path)
-    base = checkpoint_config(ck)
-    user = [o.lstrip("+") for o in overrides if not o.lstrip("+").split("=")[0] in ("mode", "ckpt", "experiment")]
-    keep = [o for o in user if o.split("=")[0].split(".")[0] in ("data", "eval_splits", "run_dir", "trainer")]
-    ecfg = OmegaConf.merge(base, OmegaConf.from_dotlist(keep)) if keep else base
-    ecfg.eval_splits = list(cfg.eval_splits) if not any(o.startswith("eval_splits") for o in keep) else ecfg.eval_splits
-    info = info or setup_distributed(ecfg.trainer.device)
-    problem = broadcast_object(check_run_dir(os.path.abspath(ecfg.run_dir)) if info.is_main else None, info)
-    if problem:  # before any data is read
-        raise ConfigError(problem)
-    task = build_task(ecfg.data, ecfg.trainer)
-    task.load_state_dict(ck["normalizers"])
-    task.to(info.device)
-    module = build_model_from_config(ecfg).to(info.device)
-    module.load_state_dict(model_state(ck))
-    ds = datasets if datasets is not None else build_datasets(ecfg.data, info, splits=tuple(ecfg.eval_splits))
-    amp = bool(ecfg.trainer.amp and info.device.type == "cuda")
-    grad = ecfg.trainer.grad_in_eval if ecfg.trainer.grad_in_eval is not None else (
-        ecfg.model.get("regress_forces") == "gradient" or getattr(module, "regress_forces", None) == "gradient")
-    out_dir = os.path.join(os.path.abspath(ecfg.run_dir), "eval")
-    results = {}
-    for s in ecfg.eval_splits:
-        if s not in ds:
-            raise ConfigError(f"eval split {s!r} has no data. Fix: set data.{s}_path or choose eval_splits from {sorted(ds)}.")
-        m, p = evaluate(module, task, ds[s], data=ecfg.data, info=info, grad=grad, amp=amp,
-                        prefetch=ecfg.trainer.prefetch, collect=True)
-        results[s] = m
-        if info.is_main:
-            os.makedirs(out_dir, exist_ok=True)
-            np.savez(os.path.join(out_dir, f"predictions_{s}.npz"), **p)
-            with open(os.path.join(out_dir, f"metrics_{s}.json"), "w") as f:
-                json.dump({"checkpoint": os.path.abspath(path), "split": s, "metrics": m}, f, indent=2)
-            try:
-                plot_parity(parity_pairs(task, p), os.path.join(out_dir, f"parity_{s}.png"))
-            except Exception as exc:
-                warnings.warn(f"plotting failed: {exc}")
-    if info.is_main:
-        names = [m for m in task.metric_names() if m != "loss"]
-        print(f"[est.train] {path}:\n{summary_table(results, names, task.units)}\n[est.train] predictions in {out_dir}")
-    return results
