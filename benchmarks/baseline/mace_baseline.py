@@ -55,6 +55,20 @@ MAE over all components (meV/A), force cosine (mean over atoms of
 slope of a least-squares line through the total energy, meV/atom/ps; a
 molecule is intact when no bond (a pair closer than 1.2 x the sum of covalent
 radii in the reference geometry) ever exceeds 1.5 x its reference length.
+
+Caveats (MACE 0.3.16 behaviour, seen here):
+
+* float64 is MACE's training default and about 2x the cost of float32 at L=2
+  (``--default-dtype float32`` to change; the calculator must use the same).
+* For one molecule every frame has the same composition, so the ``average``
+  E0 fit is rank one: MACE's least-squares answer splits the mean energy over
+  the elements arbitrarily (minimum norm); only the sum per molecule is right.
+* The checkpoint MACE keeps (and ``--restart_latest`` resumes from) is the
+  epoch with the lowest validation loss, saved with the EMA weights; a resumed
+  run redoes the epochs after it and continues from those weights.
+* e3nn 0.4.4 loads its constants with ``torch.load``; on torch >= 2.6 that
+  needs ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, which ``import mace`` sets, so
+  import mace before e3nn in the MACE venv.
 """
 from __future__ import annotations
 
