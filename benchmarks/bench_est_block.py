@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import median_time, print_table, rel_equivariance_error, save, setup_threads  # noqa: E402
+from common import print_table, rel_equivariance_error, save, setup_threads  # noqa: E402
 
 from est.nn import ESTBlock, GridConfig, preset_config  # noqa: E402
 from est.nn.est_block import default_degree  # noqa: E402
@@ -65,45 +65,71 @@ def saved_bytes(fn) -> int:
     return total
 
 
-def measure(name, cfg, *, atoms, device, repeats, rotations=4):
-    try:
-        block = ESTBlock(cfg)
-    except ValueError as e:  # e.g. no shipped design of that degree
-        return dict(config=name, note=str(e)[:60])
-    block = block.to(device).train()
-    L, C = cfg.lmax, cfg.channels
-    x = torch.randn(atoms, (L + 1) ** 2, C, device=device, requires_grad=True)
-    batch = torch.arange(atoms, device=device) // 20  # molecules of 20 atoms
+def interleaved_times(steps: dict, *, repeats: int, warmup: int = 1) -> dict:
+    """Median seconds of each ``steps[name]()``, timed round-robin (one call of every config per round), so
+    that load from other processes on a shared machine falls on all configs alike and the ratios stay fair."""
+    import time
 
-    def step():
-        block(x, batch).sum().backward()
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    times = {name: [] for name in steps}
+    for r in range(warmup + repeats):
+        for name, step in steps.items():
+            sync()
+            t0 = time.perf_counter()
+            step()
+            sync()
+            if r >= warmup:
+                times[name].append(time.perf_counter() - t0)
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
 
-    t = median_time(step, repeats=repeats)
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-        step()
-        mem = torch.cuda.max_memory_allocated() / 2**20
-    else:
-        mem = saved_bytes(lambda: block(x, batch)) / 2**20
-    blk = block.double().cpu().eval()
-    g = torch.Generator().manual_seed(0)
-    x64 = torch.randn(50, (L + 1) ** 2, C, dtype=torch.float64, generator=g)
-    err = rel_equivariance_error(lambda v: blk(v) - v, x64, wigner_D(L, random_rotation(rotations, generator=g)))
-    S = block.spherical.sft.num_points if block.spherical is not None else 0
-    return dict(config=name, S=S, time_ms=1e3 * t, memory_mb=mem, equivariance=err)
+
+def measure_all(named_configs, *, atoms, device, repeats, rotations=4):
+    """One row per config: fwd+bwd time (interleaved), saved memory, float64 eval equivariance error."""
+    rows, blocks, steps = {}, {}, {}
+    for name, cfg in named_configs:
+        try:
+            blocks[name] = ESTBlock(cfg).to(device).train()
+        except ValueError as e:  # e.g. no shipped design of that degree
+            rows[name] = dict(config=name, note=str(e)[:60])
+            continue
+        L, C = cfg.lmax, cfg.channels
+        x = torch.randn(atoms, (L + 1) ** 2, C, device=device, requires_grad=True)
+        batch = torch.arange(atoms, device=device) // 20  # molecules of 20 atoms
+        steps[name] = (lambda b, x, batch: lambda: b(x, batch).sum().backward())(blocks[name], x, batch)
+    times = interleaved_times(steps, repeats=repeats)
+    for name, cfg in named_configs:
+        if name in rows:
+            continue
+        block, L, C = blocks[name], cfg.lmax, cfg.channels
+        x = torch.randn(atoms, (L + 1) ** 2, C, device=device)
+        batch = torch.arange(atoms, device=device) // 20
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            steps[name]()
+            mem = torch.cuda.max_memory_allocated() / 2**20
+        else:
+            mem = saved_bytes(lambda: block(x.requires_grad_(), batch)) / 2**20
+        blk = block.double().cpu().eval()
+        g = torch.Generator().manual_seed(0)
+        x64 = torch.randn(50, (L + 1) ** 2, C, dtype=torch.float64, generator=g)
+        err = rel_equivariance_error(lambda v: blk(v) - v, x64, wigner_D(L, random_rotation(rotations, generator=g)))
+        S = block.spherical.sft.num_points if block.spherical is not None else 0
+        rows[name] = dict(config=name, S=S, time_ms=1e3 * times[name], memory_mb=mem, equivariance=err)
+    return [rows[name] for name, _ in named_configs]
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="L=4 only, 200 atoms")
     ap.add_argument("--atoms", type=int, default=1000)
+    ap.add_argument("--repeats", type=int, default=5, help="timed rounds (every config once per round)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args(argv)
     threads = setup_threads()
     atoms = 200 if args.quick else args.atoms
     results = {}
     for L in ([4] if args.quick else [6, 4]):
-        rows = [measure(n, c, atoms=atoms, device=args.device, repeats=3) for n, c in configs(L)]
+        rows = measure_all(list(configs(L)), atoms=atoms, device=args.device, repeats=args.repeats)
         base = rows[0]
         for r in rows:
             if "time_ms" in r:

@@ -187,7 +187,9 @@ class EquiformerV2Backbone(nn.Module):
         higher = emb.new_zeros(emb.shape[0], num_coefficients(cfg.lmax) - 1, cfg.channels)  # [N, K-1, C]
         x = torch.cat([emb[:, None], higher], dim=1)  # [N, K, C]
         x = x + self.edge_degree(frame)  # [N, K, C]
+        # one host sync per forward (not per block) for the per-graph grid rotations in training
+        num_graphs = int(batch.max()) + 1 if any(u.rotates_grid for u in self.update_blocks) and batch.numel() else None
         for attention, update in zip(self.attention_blocks, self.update_blocks):
             x = attention(x, frame, batch)
-            x = update(x, batch)
+            x = update(x, batch, num_graphs=num_graphs)
         return self.final_norm(x)

@@ -199,17 +199,24 @@ class ESTBlock(nn.Module):
             return x.new_ones(x.shape[0], 1)
         return torch.softmax(self.router(x[:, 0]), dim=-1)
 
-    def _grid_rotation(self, x: torch.Tensor, batch: torch.Tensor | None):
-        if not (self.training and self.config.grid_rotation and self.spherical is not None) or x.shape[0] == 0:
+    @property
+    def rotates_grid(self) -> bool:
+        """Whether a forward call draws random grid rotations (training, ``grid_rotation``, a spherical expert)."""
+        return self.training and self.config.grid_rotation and self.spherical is not None
+
+    def _grid_rotation(self, x: torch.Tensor, batch: torch.Tensor | None, num_graphs: int | None):
+        if not self.rotates_grid or x.shape[0] == 0:
             return None
-        num_graphs = 1 if batch is None else int(batch.max()) + 1
+        if num_graphs is None:  # one host sync; a backbone passes the count it already has
+            num_graphs = 1 if batch is None else int(batch.max()) + 1
         R = random_rotation(num_graphs, dtype=x.dtype, device=x.device)  # [B, 3, 3]
         D = wigner_D(self.config.lmax, R, check=False)  # [B, K, K]
         if batch is None:
             return D.expand(x.shape[0], -1, -1), R.expand(x.shape[0], -1, -1)
         return D[batch], R[batch]  # [N, K, K], [N, 3, 3]
 
-    def forward(self, x: torch.Tensor, batch: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: torch.Tensor | None = None, num_graphs: int | None = None) -> torch.Tensor:
+        """``num_graphs``: ``batch.max() + 1`` if the caller knows it (saves a host sync per block in training)."""
         cfg = self.config
         if self.check_inputs:
             check_features(x, lmax=cfg.lmax, channels=cfg.channels, name="ESTBlock", module=self)
@@ -222,7 +229,7 @@ class ESTBlock(nn.Module):
             term = g[:, i, None, None] * ffn(x)  # [N, K, C]
             update = term if update is None else update + term
         if self.spherical is not None:
-            term = self.spherical(x, g[:, E_st:], rotation=self._grid_rotation(x, batch))  # [N, K, C]
+            term = self.spherical(x, g[:, E_st:], rotation=self._grid_rotation(x, batch, num_graphs))  # [N, K, C]
             update = term if update is None else update + term
         out = x + self.drop_path(update, batch)  # [N, K, C]
         if self.check_inputs and is_float16(x):
