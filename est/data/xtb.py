@@ -82,6 +82,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .ase_helpers import optimizer, s2ef_record, thermalize
+from .cache import atomic_json, atomic_savez
 from .molecules import MOLECULES, bond_counts, bond_graph, molecule
 
 __all__ = ["XTBConfig", "generate", "relax", "xtb_calculator", "openmp_threads", "SCFError", "autocorrelation",
@@ -304,18 +305,7 @@ def _run_chunk(relaxed, state: Dict[str, object], n: int, cfg: XTBConfig, sid: i
 # ------------------------------------------------------------------ files
 
 
-def _atomic_json(path: str, obj) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 def _save_state(path: str, state: Dict[str, object], seconds: float) -> None:
-    from .cache import atomic_savez
-
     atomic_savez(path, positions=state["positions"], momenta=state["momenta"], rng=np.array(state["rng"]),
                  counts=np.array([state["frames"], state["skipped"], state["steps"]], dtype=np.int64),
                  seconds=np.array(seconds))
@@ -334,17 +324,15 @@ def _chunk_file(folder: str, k: int) -> str:
 
 
 def _clean_partial(folder: str) -> None:
-    """Remove temporary files of a writer killed mid-chunk (``.data.NNNN.lmdb.tmp-PID[-lock]``)."""
+    """Remove temporary files of a run killed mid-write (``.data.NNNN.lmdb.tmp-PID[-lock]``, ``.tmp-*.npz``)."""
     for f in os.listdir(folder):
-        if f.startswith(".data.") and ".tmp-" in f:
+        if (f.startswith(".data.") and ".tmp-" in f) or f.startswith(".tmp-"):
             os.remove(os.path.join(folder, f))
 
 
 def _relaxed(out: str, name: str, cfg: XTBConfig):
     """The relaxed molecule, computed once and stored in ``OUT/<name>/relaxed.npz``; (atoms, info)."""
     from ase import Atoms
-
-    from .cache import atomic_savez
 
     path = os.path.join(out, name, "relaxed.npz")
     if not os.path.isfile(path):
@@ -394,7 +382,6 @@ def _split_summary(folder: str, relaxed, state: Dict[str, object], seconds: floa
 
 
 def _write_metadata(folder: str) -> None:
-    from .cache import atomic_savez
     from .lmdb_io import LmdbDataset
 
     atomic_savez(os.path.join(folder, "metadata.npz"), natoms=np.asarray(LmdbDataset(folder).natoms, dtype=np.int64))
@@ -457,7 +444,7 @@ def _generate_split(out: str, name: str, split: str, relaxed, cfg: XTBConfig, lo
     _write_metadata(folder)
     summary = _split_summary(folder, relaxed, state, seconds)
     summary.update(sid=sid, seed_sequence=_seed_sequence(cfg, name, split))
-    _atomic_json(done, summary)
+    atomic_json(done, summary)
     return summary
 
 
@@ -512,7 +499,7 @@ def _check_config(out: str, cfg: XTBConfig) -> None:
                              "resume with the same settings, use another --out, or pass --overwrite")
     else:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        _atomic_json(path, cfg.physics())
+        atomic_json(path, cfg.physics())
 
 
 def generate(out: str, config: Optional[XTBConfig] = None, *, overwrite: bool = False, verbose: bool = True,
@@ -569,7 +556,7 @@ def generate(out: str, config: Optional[XTBConfig] = None, *, overwrite: bool = 
         "seconds": {"generation_total": round(seconds, 1), "this_call": round(time.time() - t0, 1)},
         "versions": _versions(),
     }
-    _atomic_json(manifest_path, manifest)
+    atomic_json(manifest_path, manifest)
     log(f"wrote {manifest['counts']} to {out} ({seconds:.0f} s of generation in all)")
     return manifest
 
