@@ -43,7 +43,8 @@ Resumable: each split is written in chunks of ``chunk_frames`` frames, one
 place, so never a half record), followed by the MD state after that chunk
 (positions, momenta, random state) in ``OUT/.state``. Every chunk starts from
 such a state with a fresh calculator, whether the run was interrupted or not,
-so a resumed run writes the same bytes as an uninterrupted one.
+so a resumed run writes the same records as an uninterrupted one, bit for bit
+(the LMDB files' bytes may differ in unused page space).
 
 Layout written::
 
