@@ -24,9 +24,11 @@ setup(
     extras_require={
         # all 130,831 QM9 molecules as CSV, read offline from the installed wheel
         "qm9": ["qm9pack"],
-        # tests, design generation (scipy), plots, executing the notebooks in tests, and
-        # tensorboard (the test reads the trainer's event file back)
-        "dev": ["pytest>=7", "scipy", "matplotlib", "nbformat", "nbclient", "ipykernel", "tensorboard"],
+        # GFN2-xTB energies and forces for the molecular MD set (python -m est.data.xtb)
+        "xtb": ["tblite"],
+        # tests, design generation (scipy), plots, executing the notebooks in tests,
+        # tensorboard (the test reads the trainer's event file back), and tblite (the xTB generator's tests)
+        "dev": ["pytest>=7", "scipy", "matplotlib", "nbformat", "nbclient", "ipykernel", "tensorboard", "tblite"],
         # the trainer's optional tb/ event files (est.train.logs.TensorBoard is a no-op without it)
         "tensorboard": ["tensorboard"],
     },

@@ -1,7 +1,8 @@
 """Data for est: one sample type (PyG ``Data``, see ``docs/CONVENTIONS.md``) from
 QM9 (qm9pack CSVs, PyG raw folder, original xyz release), OC20-layout LMDB files
-(fairchem's and ours), ASE databases, and an OC20-layout EMT dataset generator;
-plus atom-balanced batching and fitted target statistics.
+(fairchem's and ours), ASE databases, an OC20-layout EMT dataset generator and a
+GFN2-xTB molecular-dynamics generator (``est.data.xtb``, needs tblite); plus
+atom-balanced batching and fitted target statistics.
 """
 from .sample import SAMPLE_FIELDS, ALWAYS_FIELDS, NonFiniteInputError, make_sample
 from .safe_pickle import UnsafePickleError, RestrictedUnpickler, safe_loads
@@ -16,6 +17,7 @@ from .stats import (
     Normalizer, LinearReference, fit_normalizer, fit_linear_reference, collect_targets, dataset_statistics,
 )
 from .generate import EMTConfig, default_emt_dataset, generate as generate_emt
+from .molecules import MOLECULES
 from .cache import default_cache_dir
 from ..geometry import Graph, radius_graph  # re-exported: est.data.radius_graph
 
@@ -28,6 +30,16 @@ __all__ = [
     "BalancedBatchSampler", "balanced_split", "get_natoms",
     "Normalizer", "LinearReference", "fit_normalizer", "fit_linear_reference", "collect_targets",
     "dataset_statistics", "EMTConfig", "default_emt_dataset", "generate_emt",
+    "MOLECULES", "XTBConfig", "generate_xtb",
     "default_cache_dir",
     "radius_graph", "Graph",
 ]
+
+
+def __getattr__(name: str):
+    # est.data.xtb is imported on first use, so `python -m est.data.xtb` runs it fresh (no runpy warning)
+    if name in ("XTBConfig", "generate_xtb"):
+        from . import xtb
+
+        return {"XTBConfig": xtb.XTBConfig, "generate_xtb": xtb.generate}[name]
+    raise AttributeError(f"module 'est.data' has no attribute {name!r}")

@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-__all__ = ["default_cache_dir", "cache_key", "atomic_savez", "is_inside"]
+__all__ = ["default_cache_dir", "cache_key", "atomic_savez", "atomic_json", "is_inside"]
 
 
 def default_cache_dir(cache_dir: Optional[str] = None) -> str:
@@ -49,12 +49,21 @@ def is_inside(path: str, folder: str) -> bool:
 
 def atomic_savez(path: str, **arrays: np.ndarray) -> None:
     """``np.savez`` to ``path`` via a temporary file in the same folder + ``os.replace``."""
+    _atomic_write(path, ".npz", lambda fh: np.savez(fh, **arrays))
+
+
+def atomic_json(path: str, obj: Any) -> None:
+    """``json.dump(obj)`` (indented) to ``path`` via a temporary file in the same folder + ``os.replace``."""
+    _atomic_write(path, ".json", lambda fh: fh.write(json.dumps(obj, indent=1).encode()))
+
+
+def _atomic_write(path: str, suffix: str, write) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=folder)
     try:
         with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         umask = os.umask(0)

@@ -54,6 +54,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .ase_helpers import optimizer as _optimizer, s2ef_record, thermalize
+
 __all__ = ["EMTConfig", "generate", "generate_system", "gas_references", "default_emt_dataset", "main"]
 
 METALS = ("Cu", "Ag", "Au", "Ni", "Pd", "Pt", "Al")
@@ -98,12 +100,6 @@ class EMTConfig:
 
 _GAS_CACHE: Dict[str, float] = {}
 _SLAB_CACHE: Dict[Tuple[str, str, Tuple[int, int, int], float], float] = {}
-
-
-def _optimizer(name: str):
-    from ase.optimize import BFGS, LBFGS
-
-    return {"lbfgs": LBFGS, "bfgs": BFGS}[name.lower()]
 
 
 def _relaxed_energy(atoms, fmax: float = 0.01, steps: int = 200, optimizer: str = "lbfgs") -> float:
@@ -182,32 +178,11 @@ def _adsorbate(name: str):
     return molecule(name)
 
 
-def _frame(atoms, energy_ref: float, forces: np.ndarray, sid: int, fid: int) -> Dict[str, np.ndarray]:
-    tags = atoms.get_tags().astype(np.int64)
-    return {
-        "pos": atoms.positions.astype(np.float32),
-        "atomic_numbers": atoms.numbers.astype(np.int64),
-        "natoms": np.array([len(atoms)], dtype=np.int64),
-        "cell": atoms.cell.array.astype(np.float32).reshape(1, 3, 3),
-        "pbc": np.asarray(atoms.pbc, dtype=bool).reshape(1, 3),
-        "fixed": (tags == 0).astype(np.int64),
-        "tags": tags,
-        "energy": np.array([energy_ref], dtype=np.float32),
-        "forces": forces.astype(np.float32),
-        "sid": np.array([sid], dtype=np.int64),
-        "fid": np.array([fid], dtype=np.int64),
-    }
-
-
 def generate_system(cfg: EMTConfig, system: int) -> Dict[str, object]:
     """One system: ``{"s2ef": [frames], "is2re": record, "info": {...}}`` (deterministic)."""
     from ase import units
     from ase.calculators.emt import EMT
     from ase.md.langevin import Langevin
-    try:
-        from ase.md.velocitydistribution import thermalize_momenta as _thermalize
-    except ImportError:  # ASE < 3.27
-        from ase.md.velocitydistribution import MaxwellBoltzmannDistribution as _thermalize
 
     rng = np.random.default_rng([cfg.seed, system])
     metal = cfg.metals[rng.integers(len(cfg.metals))]
@@ -252,13 +227,13 @@ def generate_system(cfg: EMTConfig, system: int) -> Dict[str, object]:
     for p in picks:
         pos, e, f = traj[p]
         probe.positions = pos
-        frames.append(_frame(probe, e - offset, f, system, len(frames)))
+        frames.append(s2ef_record(probe, energy=e - offset, forces=f, sid=system, fid=len(frames)))
     relaxed_pos = atoms.positions.copy()
 
     if cfg.md_frames > 0:
         temperature = rng.uniform(*cfg.md_temperature_K)
         md_rng = np.random.RandomState(rng.integers(2**31))
-        _thermalize(atoms, temperature_K=temperature, rng=md_rng)
+        thermalize(atoms, temperature, md_rng)
         md = Langevin(atoms, cfg.md_timestep_fs * units.fs, temperature_K=temperature,
                       friction=cfg.md_friction_per_fs / units.fs, fixcm=False, rng=md_rng)
         for _ in range(cfg.md_frames):
@@ -267,7 +242,7 @@ def generate_system(cfg: EMTConfig, system: int) -> Dict[str, object]:
             f = atoms.get_forces(apply_constraint=False)
             if not np.isfinite(e) or np.abs(f).max() > 100.0:
                 break  # an unstable trajectory: keep what we have
-            frames.append(_frame(atoms, e - offset, f, system, len(frames)))
+            frames.append(s2ef_record(atoms, energy=e - offset, forces=f, sid=system, fid=len(frames)))
 
     probe.positions = init_pos
     is2re = {
