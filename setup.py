@@ -24,10 +24,16 @@ setup(
     extras_require={
         # all 130,831 QM9 molecules as CSV, read offline from the installed wheel
         "qm9": ["qm9pack"],
-        # tests, design generation (scipy), plots, executing the notebooks in tests, and
-        # tensorboard (the test reads the trainer's event file back)
-        "dev": ["pytest>=7", "scipy", "matplotlib", "nbformat", "nbclient", "ipykernel", "tensorboard"],
+        # tests, design generation (scipy), plots, executing the notebooks in tests,
+        # tensorboard (the test reads the trainer's event file back), and the two optional
+        # integrations below, so CI tests them
+        "dev": ["pytest>=7", "scipy", "matplotlib", "nbformat", "nbclient", "ipykernel", "tensorboard",
+                "ase-db-backends", "torch-sim-atomistic>=0.3; python_version >= '3.11'"],
         # the trainer's optional tb/ event files (est.train.logs.TensorBoard is a no-op without it)
         "tensorboard": ["tensorboard"],
+        # writing fairchem 2.x .aselmdb files (ASE's LMDB backend); reading needs only lmdb + ase
+        "aselmdb": ["ase-db-backends"],
+        # est.calculators.torch_sim.ESTTorchSimModel (torch-sim needs Python >= 3.11; 0.3.x there)
+        "torchsim": ["torch-sim-atomistic>=0.3; python_version >= '3.11'"],
     },
 )

@@ -196,8 +196,9 @@ def build_datasets(dcfg, info, splits: Sequence[str] = ("train", "val", "test"))
         key_map = OmegaConf.to_container(dcfg.key_map) if isinstance(dcfg.key_map, DictConfig) else dict(dcfg.key_map or {})
         # the reader follows the path (OC20 .lmdb, fairchem .aselmdb, ASE .db/.json: est.data.formats);
         # non-finite positions/cells reach the trainer, which names the file and key and skips
-        # them under trainer.max_bad_batches (Trainer.nonfinite_inputs)
-        ds = open_dataset(paths[s], key_map=key_map or None, trusted=dcfg.trusted, check_finite=False)
+        # them under trainer.max_bad_batches (Trainer.nonfinite_inputs). No extra fields (.aselmdb
+        # stress/charge/spin): no task reads them, and rows with and without one cannot share a batch
+        ds = open_dataset(paths[s], key_map=key_map or None, trusted=dcfg.trusted, check_finite=False, extra_fields=())
         if s == "train" or frac is None:
             frac = _subset_fraction(dcfg.subset, len(ds)) if s == "train" or "train" not in splits else frac
         out[s] = _take(ds, frac, seed=dcfg.split_seed + {"train": 0, "val": 1, "test": 2}[s])
