@@ -38,7 +38,6 @@ from __future__ import annotations
 import glob
 import os
 import re
-import shutil
 import warnings
 import zlib
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
@@ -47,7 +46,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from .cache import atomic_savez, cache_key, default_cache_dir, file_signature
-from .lmdb_io import CorruptRecordError, DataFileError, _merge_key_map, _open_readonly, _release, record_to_sample
+from .lmdb_io import CorruptRecordError, DataFileError, LmdbDataset, LmdbWriter, _merge_key_map, record_to_sample
 
 __all__ = ["AseLmdbDataset", "AseLmdbWriter", "write_aselmdb", "aselmdb_files", "is_aselmdb_path", "SUFFIX"]
 
@@ -196,50 +195,14 @@ class AseLmdbDataset(Dataset):
             self._natoms = self._metadata_npz()
         self._close()
 
-    # -- files
-    def _env(self, i: int):
-        if self._pid != os.getpid():  # forked worker: never reuse the parent's handles
-            self._envs = {}
-            self._pid = os.getpid()
-        env = self._envs.get(i)
-        if env is None:
-            env = self._envs[i] = _open_readonly(self.files[i])
-        return env
-
-    def _close(self) -> None:
-        if self._pid == os.getpid():
-            for i in self._envs:
-                _release(self.files[i])
-        self._envs = {}
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_envs"] = {}
-        return state
-
-    def __del__(self):
-        try:
-            self._close()
-        except Exception:
-            pass
+    # -- files: per-process read-only environments, pickling for workers and metadata.npz, as LmdbDataset's
+    _env = LmdbDataset._env
+    _close = LmdbDataset._close
+    __getstate__ = LmdbDataset.__getstate__
+    __del__ = LmdbDataset.__del__
+    _metadata_npz = LmdbDataset._metadata_natoms
 
     # -- atom counts
-    def _metadata_npz(self) -> Optional[np.ndarray]:
-        folder = self.path if os.path.isdir(self.path) else os.path.dirname(self.path)
-        meta = os.path.join(folder, "metadata.npz")
-        if not os.path.isfile(meta):
-            return None
-        try:
-            with np.load(meta, allow_pickle=False) as z:
-                arr = np.asarray(z["natoms"]).astype(np.int64).reshape(-1)
-        except Exception as exc:
-            warnings.warn(f"{meta}: cannot read 'natoms' ({exc}); counting atoms from the rows instead")
-            return None
-        if arr.shape[0] != len(self):
-            warnings.warn(f"{meta}: {arr.shape[0]} atom counts for {len(self)} rows; counting atoms from the rows instead")
-            return None
-        return arr
-
     def _count_file(self, i: int) -> np.ndarray:
         """Atoms per row of file ``i`` from the ``numbers`` header of each (decompressed) row."""
         f = self.files[i]
@@ -391,13 +354,14 @@ def sample_to_atoms(sample: Any):
     return atoms, kvp, data
 
 
-class AseLmdbWriter:
+class AseLmdbWriter(LmdbWriter):
     """Stream structures into ``.aselmdb`` through ``ase-db-backends`` (ASE's LMDB database).
 
     ``path`` ending in ``.aselmdb`` -> one file; otherwise a folder of ``data.NNNN.aselmdb`` files of
     ``rows_per_file`` rows each plus ``metadata.npz`` (``natoms``). Each file's ``metadata`` holds
-    ``{"natoms": [...]}``, so readers get atom counts without decoding rows. Written under a temporary
-    name and moved into place by :meth:`close`; an existing ``path`` is refused unless ``overwrite``.
+    ``{"natoms": [...]}``, so readers get atom counts without decoding rows. As :class:`LmdbWriter`
+    (whose temporary-name, close and abort logic it shares): written under a temporary name and moved
+    into place by :meth:`close`; an existing ``path`` is refused unless ``overwrite``.
     :meth:`add` takes an ``ase.Atoms`` (its calculator results, constraints, tags and ``info`` as data)
     or a canonical sample / dict of arrays (:func:`sample_to_atoms`).
     """
@@ -408,56 +372,34 @@ class AseLmdbWriter:
         except ImportError:
             raise ImportError("writing .aselmdb needs ASE's LMDB backend. Fix: pip install ase-db-backends "
                               "(or pip install 'est[aselmdb]')") from None
-        self.path = os.path.abspath(os.fspath(path))
-        self.single = self.path.endswith(SUFFIX)
-        if os.path.exists(self.path) and not overwrite:
-            raise FileExistsError(f"{self.path} already exists; pass overwrite=True to replace it")
-        if rows_per_file < 1:
-            raise ValueError("rows_per_file must be >= 1")
-        self.overwrite, self.rows_per_file = overwrite, rows_per_file
-        parent = os.path.dirname(self.path)
-        os.makedirs(parent, exist_ok=True)
-        self.tmp = os.path.join(parent, f".{os.path.basename(self.path)}.tmp-{os.getpid()}")
-        self._remove(self.tmp)
-        if not self.single:
-            os.makedirs(self.tmp)
-        self._db = None
-        self._file = -1
-        self._file_natoms: List[int] = []
-        self.natoms: List[int] = []
-        self._closed = False
+        super().__init__(path, overwrite=overwrite, samples_per_shard=rows_per_file)
+        if self.path.endswith(SUFFIX):  # one file: LmdbWriter made the temporary folder of a sharded set
+            os.rmdir(self.tmp)
+            self.single = True
 
-    @staticmethod
-    def _remove(p: str) -> None:
-        for q in (p, p + "-lock"):
-            if os.path.isdir(q):
-                shutil.rmtree(q)
-            elif os.path.exists(q):
-                os.remove(q)
+    def _shard_path(self, shard: int) -> str:
+        return self.tmp if self.single else os.path.join(self.tmp, f"data.{shard:04d}{SUFFIX}")
 
-    def _file_path(self, k: int) -> str:
-        return self.tmp if self.single else os.path.join(self.tmp, f"data.{k:04d}{SUFFIX}")
-
-    def _open_file(self) -> None:
+    def _open_shard(self) -> None:
         from ase_db_backends.aselmdb import LMDBDatabase
 
-        self._file += 1
-        self._file_natoms = []
-        self._db = LMDBDatabase(self._file_path(self._file), use_lock_file=False)
+        self._shard += 1
+        self._shard_natoms = []
+        self._env = LMDBDatabase(self._shard_path(self._shard), use_lock_file=False)
 
-    def _finish_file(self) -> None:
-        if self._db is None:
+    def _finish_shard(self) -> None:
+        if self._env is None:
             return
-        self._db.metadata = {"natoms": list(self._file_natoms)}
-        self._db.close()
-        self._db = None
-        lock = self._file_path(self._file) + "-lock"
+        self._env.metadata = {"natoms": list(self._shard_natoms)}
+        self._env.close()
+        self._env = None
+        lock = self._shard_path(self._shard) + "-lock"
         if os.path.exists(lock):
             os.remove(lock)
 
     def add(self, item: Any, *, key_value_pairs: Optional[Mapping[str, Any]] = None,
             data: Optional[Mapping[str, Any]] = None) -> int:
-        """Append one structure; returns its global index (row id ``index + 1`` within its file's numbering)."""
+        """Append one structure; returns its global index."""
         if self._closed:
             raise RuntimeError("writer is closed")
         from ase import Atoms
@@ -470,50 +412,13 @@ class AseLmdbWriter:
             raise ValueError(f"{self.path}: structure {len(self.natoms)} (to write) has NaN/inf positions or cell")
         kvp.update(key_value_pairs or {})
         extra.update(data or {})
-        if self._db is None or (not self.single and len(self._file_natoms) >= self.rows_per_file):
-            self._finish_file()
-            self._open_file()
-        self._db.write(atoms, key_value_pairs=kvp, data=extra)
-        self._file_natoms.append(len(atoms))
+        if self._env is None or (not self.single and len(self._shard_natoms) >= self.samples_per_shard):
+            self._finish_shard()
+            self._open_shard()
+        self._env.write(atoms, key_value_pairs=kvp, data=extra)
+        self._shard_natoms.append(len(atoms))
         self.natoms.append(len(atoms))
         return len(self.natoms) - 1
-
-    def close(self) -> None:
-        """Finish the last file and move the database into place."""
-        if self._closed:
-            return
-        if self._db is None:
-            self._open_file()  # an empty database is still a valid file
-        self._finish_file()
-        if not self.single:
-            np.savez(os.path.join(self.tmp, "metadata.npz"), natoms=np.asarray(self.natoms, dtype=np.int64))
-        if os.path.exists(self.path):
-            if not self.overwrite:
-                self.abort()
-                raise FileExistsError(f"{self.path} appeared while writing; pass overwrite=True to replace it")
-            self._remove(self.path)
-        os.replace(self.tmp, self.path)
-        self._closed = True
-
-    def abort(self) -> None:
-        """Drop everything written so far."""
-        if self._db is not None:
-            self._db.close()
-            self._db = None
-        self._remove(self.tmp)
-        self._closed = True
-
-    def __len__(self) -> int:
-        return len(self.natoms)
-
-    def __enter__(self) -> "AseLmdbWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
 
 def write_aselmdb(path: Union[str, os.PathLike], items: Iterable[Any], *, overwrite: bool = False,
