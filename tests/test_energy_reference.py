@@ -63,7 +63,7 @@ def test_fit_from_a_bounded_sample_checks_dataset_metadata():
         elements = [1, 8, 29, 79]  # gold is in the data but not in the first structures
 
     data = WithMetadata(_molecules(40))
-    with pytest.raises(ValueError, match=r"elements \[79\] .* absent from the 10 structures of 10 random training samples"):
+    with pytest.raises(ValueError, match=r"elements \[79\] .* absent from 10 random training structures \(of 40\)"):
         IS2RETask(atomref="fit").fit_normalizers(data, NormalizerConfig(max_samples=10))
     norm = IS2RETask(atomref="none").fit_normalizers(data, NormalizerConfig(max_samples=10))
     assert "atomref" not in norm

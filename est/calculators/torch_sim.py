@@ -15,6 +15,9 @@ same energies and forces::
 torch-sim conventions (``SimState``): ``positions`` [N, 3] (A), ``cell``
 [n_systems, 3, 3] with lattice vectors as **columns** (est and ASE use rows:
 the adapter transposes), one ``pbc`` flag for all systems, ``system_idx`` [N].
+torch-sim 0.3 sets that flag to ``all(atoms.pbc)``: an OC20-style slab
+(``pbc = [True, True, False]``) would be evaluated without periodic images, so
+set ``atoms.pbc = True`` on slabs first (their vacuum keeps the z images apart).
 Returns ``energy`` [n_systems] (eV), ``forces`` [N, 3] (eV/A) and, for periodic
 states when ``compute_stress``, ``stress`` [n_systems, 3, 3] (eV/A^3), all
 detached, in the model's dtype (float32 or float64); the input state is not

@@ -133,7 +133,7 @@ ATOMREF_SIZE = 119
 
 
 def fit_energy_reference(energies: Tensor, atomic_numbers: Sequence[Tensor], *, expected: Optional[Sequence[int]] = None,
-                         where: str = "the training set") -> Tensor:
+                         where: str = "the training structures") -> Tensor:
     """Least-squares per-element energies ``w`` [ATOMREF_SIZE] (float64, eV) with ``E_g ~ sum_{i in g} w[z_i]``.
 
     Elements absent from the fitted structures are NaN, so a structure with one of them cannot silently get a
@@ -145,8 +145,8 @@ def fit_energy_reference(energies: Tensor, atomic_numbers: Sequence[Tensor], *, 
     w = fit_linear_reference(energies, atomic_numbers, max_z=ATOMREF_SIZE - 1, unseen=float("nan")).weight[:, 0]
     missing = sorted(int(z) for z in (expected or ()) if not (0 <= int(z) < ATOMREF_SIZE and torch.isfinite(w[int(z)])))
     if missing:
-        raise ValueError(f"data.atomref=fit: elements {missing} are listed in the dataset's metadata but absent from the "
-                         f"{len(atomic_numbers)} structures of {where} the references were fitted on. Fix: raise "
+        raise ValueError(f"data.atomref=fit: elements {missing} are listed in the dataset's metadata but absent from "
+                         f"{where}, which the references were fitted on. Fix: raise "
                          "trainer.normalizer.max_samples (up to the training-set size) or set data.atomref=none.")
     return w
 
@@ -169,9 +169,9 @@ class _EnergyTask(Task):
             raise ValueError("data.atomref=fit with fixed trainer.normalizer.energy_mean/energy_std: the fixed values "
                              "would apply to energies minus fitted references. Fix: data.atomref=none to keep them, "
                              "or set both to null to fit them after the references.")
-        if (mean is None or std is None) and not ncfg.fit and not fit_ref:
-            raise ValueError("trainer.normalizer.fit=false needs trainer.normalizer.energy_mean and energy_std. "
-                             "Fix: set both, or trainer.normalizer.fit=true.")
+        if (mean is None or std is None) and not ncfg.fit:
+            raise ValueError("trainer.normalizer.fit=false needs trainer.normalizer.energy_mean and energy_std "
+                             "(and data.atomref=none). Fix: set them, or trainer.normalizer.fit=true.")
         ref = None
         if mean is None or std is None:
             e, zs = [], []
@@ -189,7 +189,8 @@ class _EnergyTask(Task):
             if fit_ref:
                 meta = getattr(train_dataset, "elements", None)
                 n = len(train_dataset)
-                where = "the training set" if n <= ncfg.max_samples else f"{ncfg.max_samples} random training samples of {n}"
+                where = f"all {n} training structures" if n <= ncfg.max_samples else \
+                    f"{ncfg.max_samples} random training structures (of {n})"
                 ref = fit_energy_reference(e, zs, expected=None if meta is None or callable(meta) else meta, where=where)
                 e = e - torch.stack([ref[z].sum() for z in zs])
             mean = float(e.mean()) if mean is None else mean
@@ -469,8 +470,11 @@ def build_task(data_cfg, trainer_cfg) -> Task:
     kw = dict(energy_coefficient=trainer_cfg.energy_coefficient, force_coefficient=trainer_cfg.force_coefficient)
     if data_cfg.task == "qm9":
         return QM9Task(targets=list(data_cfg.targets), atomref=data_cfg.atomref, **kw)
+    # validate() refuses atomref=b3lyp for S2EF/IS2RE; a checkpoint config of an older version may still hold it
+    # (the old default): its normalisers then have no fitted references, i.e. "none"
+    atomref = "fit" if data_cfg.atomref == "fit" else "none"
     if data_cfg.task == "s2ef":
-        return S2EFTask(atomref=data_cfg.atomref, **kw)
+        return S2EFTask(atomref=atomref, **kw)
     if data_cfg.task == "is2re":
-        return IS2RETask(atomref=data_cfg.atomref, **kw)
+        return IS2RETask(atomref=atomref, **kw)
     raise ValueError(f"unknown data.task {data_cfg.task!r}")
