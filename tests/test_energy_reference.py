@@ -52,10 +52,17 @@ def test_fit_recovers_references_and_leaves_unseen_elements_nan():
     assert torch.allclose(target.double(), expect, atol=1e-4)
     ref_sums = np.array([float(ref[s.atomic_numbers].sum()) for s in data[:4]])
     assert np.allclose(task.predictions(out, b)["energy_pred"], float(norm["energy_mean"]) + ref_sums, atol=1e-6)
-    # an element the fit never saw: an error naming it, never a silent zero
-    carbon = _molecules(2, seed=1, elements=(6, 8))
+    # an element the fit never saw, never a silent zero: training stops naming it; evaluation warns once and
+    # counts it 0 eV (val/test sets may hold elements the training split lacks)
+    carbon = Batch.from_data_list(_molecules(2, seed=1, elements=(6, 8)))
+    out2 = {"energy": torch.zeros(2), "forces": torch.zeros(carbon.num_nodes, 3)}
     with pytest.raises(ValueError, match=r"elements \[6\] have no fitted energy reference"):
-        task.loss(out | {"energy": torch.zeros(2)}, Batch.from_data_list(carbon), torch.tensor([2.0, 1.0]), 1)
+        task.loss(out2, carbon, torch.tensor([2.0, 1.0]), 1)
+    with pytest.warns(UserWarning, match=r"elements \[6\] that the training structures .* lack: they count 0 eV"):
+        task.accumulate({}, out2, carbon)
+    o_only = float(ref[8]) * (carbon.atomic_numbers == 8).double()
+    expect = float(norm["energy_mean"]) + torch.zeros(2, dtype=torch.float64).index_add_(0, carbon.batch, o_only)
+    assert np.allclose(task.predictions(out2, carbon)["energy_pred"], expect.numpy(), atol=1e-6)
 
 
 def test_fit_from_a_bounded_sample_checks_dataset_metadata():

@@ -8,9 +8,10 @@ Models predict in normalised target space; a task owns the normalisers.
   ``min_w sum_G (E_G - R(G))^2`` on the training set (at most
   ``trainer.normalizer.max_samples`` random structures), then ``mu_E`` and
   ``sigma_E`` on ``E - R``; ``atomref=none``: ``w = 0``. ``w`` is saved with the
-  normalisers (``atomref``, [119] eV, NaN for elements the fit never saw: using
-  one raises instead of adding a silent zero); predictions add ``R`` back, so
-  they are total energies in the data's units. Loss (reference.md)::
+  normalisers (``atomref``, [119] eV, NaN for elements the fit never saw: one
+  in a training batch raises; in evaluation it counts 0 eV with a warning
+  naming it, never silently); predictions add ``R`` back, so they are total
+  energies in the data's units. Loss (reference.md)::
 
       L = lambda_E * sum_b |e_b - e*_b| / G  +  lambda_F * sum_{i free} ||f_i - f*_i||_2 / A_free
 
@@ -161,6 +162,7 @@ class _EnergyTask(Task):
             raise ValueError(f"atomref={atomref!r} for data.task={self.name}: choose 'fit' or 'none' "
                              "('b3lyp' is QM9's table of free-atom energies)")
         self.atomref = atomref
+        self._unreferenced: set = set()  # elements already warned about in evaluation
 
     def fit_normalizers(self, train_dataset, ncfg) -> Dict[str, Tensor]:
         mean, std = ncfg.energy_mean, ncfg.energy_std
@@ -202,8 +204,13 @@ class _EnergyTask(Task):
             self.norm["atomref"] = ref
         return self.norm
 
-    def reference(self, batch) -> Tensor:
-        """``sum_{i in g} ref(z_i)`` [B] (float64, eV): zeros without fitted references (``norm["atomref"]``)."""
+    def reference(self, batch, *, strict: bool = True) -> Tensor:
+        """``sum_{i in g} ref(z_i)`` [B] (float64, eV): zeros without fitted references (``norm["atomref"]``).
+
+        An element without a fitted reference (absent from the structures of the fit) raises with ``strict``
+        (training: the target would be off by its whole atomic energy); otherwise (evaluation) it counts 0 eV
+        per atom, with one warning per element: its structures' energy errors include that atomic energy.
+        """
         ref = self.norm.get("atomref")
         if ref is None:
             return torch.zeros(batch.num_graphs, dtype=torch.float64, device=batch.pos.device)
@@ -212,22 +219,30 @@ class _EnergyTask(Task):
         bad = torch.isnan(per_atom) | (z >= ref.numel())
         if bool(bad.any()):
             unseen = sorted(set(z[bad].tolist()))
-            raise ValueError(f"elements {unseen} have no fitted energy reference: they were absent from the training "
-                             "structures the references were fitted on. Fix: train with data that holds them (or raise "
-                             "trainer.normalizer.max_samples so the fit sees them), or data.atomref=none.")
+            if strict:
+                raise ValueError(f"elements {unseen} have no fitted energy reference: they were absent from the training "
+                                 "structures the references were fitted on. Fix: raise trainer.normalizer.max_samples "
+                                 "(up to the training-set size) so the fit sees them, or data.atomref=none.")
+            new = [u for u in unseen if u not in self._unreferenced]
+            if new:
+                self._unreferenced.update(new)
+                warnings.warn(f"evaluated structures hold elements {new} that the training structures (and the fitted "
+                              "references) lack: they count 0 eV per atom, so these structures' energy errors include "
+                              "their whole atomic energies (the model never saw them either)")
+            per_atom = torch.where(bad, torch.zeros_like(per_atom), per_atom)
         return _graph_sum(per_atom, batch.batch, batch.num_graphs)
 
-    def _energy(self, out: Dict[str, Tensor], batch) -> Tuple[Tensor, Tensor]:
-        """(normalised prediction [B], normalised target [B]) in float32."""
+    def _energy(self, out: Dict[str, Tensor], batch, *, strict: bool = True) -> Tuple[Tensor, Tensor]:
+        """(normalised prediction [B], normalised target [B]) in float32 (``strict``: see :meth:`reference`)."""
         mu, sd = self.norm["energy_mean"], self.norm["energy_std"]
         pred = out["energy"].float().reshape(-1)
-        target = ((batch.energy.reshape(-1).double() - self.reference(batch) - mu) / sd).float()
+        target = ((batch.energy.reshape(-1).double() - self.reference(batch, strict=strict) - mu) / sd).float()
         return pred, target
 
     def _total_energy(self, out: Dict[str, Tensor], batch) -> np.ndarray:
         """Predicted energies [B] in eV, references included (the data's energies)."""
         sd, mu = self.norm["energy_std"], self.norm["energy_mean"]
-        return (out["energy"].double().reshape(-1) * sd + mu + self.reference(batch)).cpu().numpy()
+        return (out["energy"].double().reshape(-1) * sd + mu + self.reference(batch, strict=False)).cpu().numpy()
 
     def check_output(self, out, batch) -> None:
         if "energy" not in out:
@@ -273,7 +288,7 @@ class S2EFTask(_EnergyTask):
 
     def accumulate(self, sums, out, batch) -> None:
         sd = self.norm["energy_std"]
-        pred, target = self._energy(out, batch)
+        pred, target = self._energy(out, batch, strict=False)
         free = self._free(batch)
         B = batch.num_graphs
         e_err = (pred.double() - target.double()).abs() * sd  # [B] eV
@@ -337,7 +352,7 @@ class IS2RETask(_EnergyTask):
 
     def accumulate(self, sums, out, batch) -> None:
         sd = self.norm["energy_std"]
-        pred, target = self._energy(out, batch)
+        pred, target = self._energy(out, batch, strict=False)
         for prefix, de in (("", (pred.double() - target.double()).abs() * sd), ("base_", target.double().abs() * sd)):
             self._add(sums, prefix + "energy_abs", de)
             self._add(sums, prefix + "energy_ewt", (de < EFWT_ENERGY).double())
