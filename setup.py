@@ -27,9 +27,15 @@ setup(
         # GFN2-xTB energies and forces for the molecular MD set (python -m est.data.xtb)
         "xtb": ["tblite"],
         # tests, design generation (scipy), plots, executing the notebooks in tests,
-        # tensorboard (the test reads the trainer's event file back), and tblite (the xTB generator's tests)
-        "dev": ["pytest>=7", "scipy", "matplotlib", "nbformat", "nbclient", "ipykernel", "tensorboard", "tblite"],
+        # tensorboard (the test reads the trainer's event file back), tblite (the xTB generator's tests)
+        # and the two optional integrations below, so CI tests them
+        "dev": ["pytest>=7", "scipy", "matplotlib", "nbformat", "nbclient", "ipykernel", "tensorboard", "tblite",
+                "ase-db-backends", "torch-sim-atomistic>=0.3; python_version >= '3.11'"],
         # the trainer's optional tb/ event files (est.train.logs.TensorBoard is a no-op without it)
         "tensorboard": ["tensorboard"],
+        # writing fairchem 2.x .aselmdb files (ASE's LMDB backend); reading needs only lmdb + ase
+        "aselmdb": ["ase-db-backends"],
+        # est.calculators.torch_sim.ESTTorchSimModel (torch-sim needs Python >= 3.11; 0.3.x there)
+        "torchsim": ["torch-sim-atomistic>=0.3; python_version >= '3.11'"],
     },
 )

@@ -4,14 +4,17 @@ Models predict in the normalised space the trainer fits (docs/CONVENTIONS.md);
 the calculator undoes it:
 
 * OC20-style checkpoints (S2EF / IS2RE, normalisers ``energy_mean``
-  :math:`\mu` and ``energy_std`` :math:`\sigma`)::
+  :math:`\mu`, ``energy_std`` :math:`\sigma` and, trained with
+  ``data.atomref=fit``, per-element references ``atomref`` :math:`w`)::
 
-      E = sigma * e + mu,    F = sigma * f,    stress = sigma * s
+      E = sigma * e + mu + sum_i w[z_i],    F = sigma * f,    stress = sigma * s
 
-  (forces share the energy std and have mean 0; the mean is a constant per
-  structure, so it adds nothing to forces or stress). For the EMT / OC20 sets
-  ``E`` is the *referenced* energy the model was trained on (OC20: adsorption
-  energy relative to the clean slab and gas references).
+  (forces share the energy std and have mean 0; the mean and the references
+  are constant per composition, so they add nothing to forces or stress).
+  ``E`` is the energy of the training data in its units: total energies for
+  total-energy data; for the EMT / OC20 sets the *referenced* energy
+  (OC20: adsorption energy relative to the clean slab and gas references).
+  An element without a fitted reference (NaN in ``atomref``) is refused.
 * QM9 checkpoints (normalisers ``mean``, ``std``, ``ref``, ``cols``) whose
   targets include an energy (U0, U, H, G = 7-10, or their atomisation
   columns 12-15): ``E = std_k p_k + mean_k + sum_i ref_k(z_i)`` plus, for
@@ -169,6 +172,15 @@ def _symbols(numbers: Iterable[int]) -> List[str]:
     return [chemical_symbols[z] if 0 <= z < len(chemical_symbols) else "?" for z in numbers]
 
 
+def _sum_tables(*tables: np.ndarray) -> np.ndarray:
+    """Elementwise sum of per-element tables of different lengths (missing entries count 0; NaN stays NaN)."""
+    size = max((t.size for t in tables), default=0)
+    out = np.zeros(size, dtype=np.float64)
+    for t in tables:
+        out[: t.size] += t
+    return out
+
+
 def _as_float(v) -> float:
     return float(v.reshape(-1)[0]) if isinstance(v, torch.Tensor) else float(v)
 
@@ -246,6 +258,8 @@ class ESTCalculator(Calculator):
         self._setup_units(dict(normalizers or {}), energy_mean, energy_std, qm9_target)
         refs = np.zeros(0) if atom_references is None else np.asarray(atom_references, dtype=np.float64).reshape(-1)
         self.atom_references = refs
+        self.references = _sum_tables(self.atom_references, self.task_ref)  # [Zmax+1] eV per atom, or empty
+        self._ref_on: Dict[torch.device, torch.Tensor] = {}
         if self.force_mode == "direct":
             self.implemented_properties = ["energy", "free_energy", "forces"]
         else:
@@ -260,10 +274,12 @@ class ESTCalculator(Calculator):
     def _setup_units(self, norm: Dict[str, Any], mean, std, qm9_target) -> None:
         self.scale, self.offset = 1.0, 0.0
         self.prop_index: Optional[int] = None  # QM9: column of "properties"
-        self.qm9_ref = np.zeros(0)  # QM9: per-element energies added to E
+        self.task_ref = np.zeros(0)  # per-element energies the model was trained on top of, added to E
         if "energy_std" in norm or "energy_mean" in norm:
             self.scale = _as_float(norm.get("energy_std", 1.0))
             self.offset = _as_float(norm.get("energy_mean", 0.0))
+            if norm.get("atomref") is not None:  # S2EF / IS2RE with data.atomref=fit (NaN: not fitted)
+                self.task_ref = torch.as_tensor(norm["atomref"]).double().cpu().numpy().reshape(-1).copy()
         elif "std" in norm and "mean" in norm:  # QM9
             targets = self.info.qm9_targets if self.info is not None else []
             if not targets:
@@ -288,13 +304,25 @@ class ESTCalculator(Calculator):
 
                 for z, vals in B3LYP_ATOM_ENERGIES.items():
                     ref[z] += vals[qm9_target - 7] * HAR2EV
-            self.qm9_ref = ref
+            self.task_ref = ref
         if mean is not None:
             self.offset = float(mean)
         if std is not None:
             self.scale = float(std)
 
     # ---------------------------------------------------------------- checks
+    def check_elements(self, numbers: Iterable[int]) -> None:
+        """Raise :class:`UnsupportedStructureError` for atomic numbers the model never saw (or cannot embed)."""
+        allowed = set(self.elements) if self.elements is not None else set(range(1, self.max_z + 1))
+        unseen = sorted(set(int(v) for v in np.asarray(numbers).reshape(-1)) - allowed)
+        if unseen:
+            names = ", ".join(f"{sym} (Z={v})" for sym, v in zip(_symbols(unseen), unseen))
+            known = ("trained on " + " ".join(_symbols(sorted(allowed))) + f" (elements from {self.elements_source})") \
+                if self.elements is not None \
+                else f"embeds Z=1..{self.max_z}"
+            raise UnsupportedStructureError(f"the model never saw {names}: it {known}. "
+                                            "Fix: use a model trained with these elements.")
+
     def check_atoms(self, atoms) -> None:
         """Raise :class:`UnsupportedStructureError` for structures this model cannot evaluate."""
         n = len(atoms)
@@ -305,16 +333,7 @@ class ESTCalculator(Calculator):
             bad = int(np.nonzero(~np.isfinite(pos).all(axis=1))[0][0])
             raise UnsupportedStructureError(f"atom {bad} has non-finite position {pos[bad].tolist()}. "
                                             "Fix: the structure diverged upstream (MD blow-up or a bad file).")
-        z = np.asarray(atoms.numbers)
-        allowed = set(self.elements) if self.elements is not None else set(range(1, self.max_z + 1))
-        unseen = sorted(set(int(v) for v in z) - allowed)
-        if unseen:
-            names = ", ".join(f"{sym} (Z={v})" for sym, v in zip(_symbols(unseen), unseen))
-            known = ("trained on " + " ".join(_symbols(sorted(allowed))) + f" (elements from {self.elements_source})") \
-                if self.elements is not None \
-                else f"embeds Z=1..{self.max_z}"
-            raise UnsupportedStructureError(f"the model never saw {names}: it {known}. "
-                                            "Fix: use a model trained with these elements.")
+        self.check_elements(atoms.numbers)
         pbc = np.asarray(atoms.pbc, dtype=bool)
         if pbc.any():
             cell = np.asarray(atoms.cell.array, dtype=np.float64)
@@ -412,6 +431,41 @@ class ESTCalculator(Calculator):
             s = torch.where((vol > 1e-12)[:, None, None], grads[1] / safe[:, None, None], torch.zeros_like(grads[1]))
         return e.detach(), f, s
 
+    def _reference_energy(self, batch) -> torch.Tensor:
+        """``sum_{i in g} references[z_i]`` [B] (float64, eV); zeros without references."""
+        z = batch.atomic_numbers
+        if self.references.size == 0:
+            return torch.zeros(batch.num_graphs, dtype=torch.float64, device=z.device)
+        table = self._ref_on.get(z.device)
+        if table is None:
+            table = self._ref_on[z.device] = torch.as_tensor(self.references, dtype=torch.float64, device=z.device)
+        if int(z.max()) >= table.numel():
+            raise UnsupportedStructureError(f"no atom reference for Z={int(z.max())} (references cover Z<{table.numel()})")
+        per_atom = table[z]  # [N]
+        if bool(torch.isnan(per_atom).any()):
+            unseen = sorted(set(z[torch.isnan(per_atom)].tolist()))
+            raise UnsupportedStructureError(
+                f"no fitted energy reference for {', '.join(_symbols(unseen))} (Z={unseen}): the training structures the "
+                "references were fitted on had none. Fix: use a model trained with these elements.")
+        return torch.zeros(batch.num_graphs, dtype=torch.float64, device=z.device).index_add_(0, batch.batch, per_atom)
+
+    def predict(self, batch, *, stress: bool = False) -> Dict[str, torch.Tensor]:
+        """Energies and derivatives of a prepared batch, in physical units (float64, on the model's device).
+
+        ``batch``: a ``torch_geometric`` ``Batch`` of canonical samples in the calculator's dtype and device
+        (checks are the caller's: :meth:`check_atoms`, :meth:`check_elements`). Returns ``energy`` [B] eV
+        (references included), ``forces`` [N, 3] eV/A and, with ``stress`` and periodic structures,
+        ``stress`` [B, 3, 3] eV/A^3 (symmetrised; zeros for non-periodic structures of the batch).
+        """
+        e, f, s = self._forward(batch, need_forces=True, need_stress=stress)
+        out = {"energy": e.double() * self.scale + self.offset + self._reference_energy(batch)}  # [B]
+        if f is not None:
+            out["forces"] = f.double() * self.scale  # [N, 3]
+        if s is not None:
+            s = s.double() * self.scale  # [B, 3, 3]
+            out["stress"] = 0.5 * (s + s.transpose(-1, -2))
+        return out
+
     def _evaluate(self, atoms_list: Sequence[Any], properties: Sequence[str]) -> List[Dict[str, np.ndarray]]:
         from torch_geometric.data import Batch
 
@@ -427,26 +481,17 @@ class ESTCalculator(Calculator):
         for a in atoms_list:
             self.check_atoms(a)
         batch = Batch.from_data_list([self._sample(a) for a in atoms_list]).to(self.device)
-        e, f, s = self._forward(batch, need_forces=True, need_stress=need_stress)
-        e = e.double().cpu().numpy() * self.scale + self.offset  # [B] eV
-        f = f.double().cpu().numpy() * self.scale if f is not None else None  # [N, 3]
-        s = s.double().cpu().numpy() * self.scale if s is not None else None  # [B, 3, 3]
+        pred = {k: v.cpu().numpy() for k, v in self.predict(batch, stress=need_stress).items()}
         results = []
         start = 0
         for b, a in enumerate(atoms_list):
             n = len(a)
-            z = np.asarray(a.numbers)
-            energy = float(e[b])
-            for ref in (self.atom_references, self.qm9_ref):
-                if ref.size:
-                    if z.max() >= ref.size:
-                        raise UnsupportedStructureError(f"no atom reference for Z={int(z.max())} (references cover Z<{ref.size})")
-                    energy += float(ref[z].sum())
+            energy = float(pred["energy"][b])
             res: Dict[str, Any] = {"energy": energy, "free_energy": energy}
-            if f is not None:
-                res["forces"] = f[start:start + n].copy()
-            if s is not None:
-                m = 0.5 * (s[b] + s[b].T)
+            if "forces" in pred:
+                res["forces"] = pred["forces"][start:start + n].copy()
+            if "stress" in pred:
+                m = pred["stress"][b]
                 res["stress"] = np.array([m[0, 0], m[1, 1], m[2, 2], m[1, 2], m[0, 2], m[0, 1]])
             results.append(res)
             start += n

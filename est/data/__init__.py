@@ -1,8 +1,9 @@
 """Data for est: one sample type (PyG ``Data``, see ``docs/CONVENTIONS.md``) from
 QM9 (qm9pack CSVs, PyG raw folder, original xyz release), OC20-layout LMDB files
-(fairchem's and ours), ASE databases, an OC20-layout EMT dataset generator and a
-GFN2-xTB molecular-dynamics generator (``est.data.xtb``, needs tblite); plus
-atom-balanced batching and fitted target statistics.
+(fairchem's and ours), fairchem 2.x ``.aselmdb`` files and folders (read and
+written), ASE databases (:func:`open_dataset` picks the reader by path), an
+OC20-layout EMT dataset generator and a GFN2-xTB molecular-dynamics generator
+(``est.data.xtb``, needs tblite); plus atom-balanced batching and fitted target statistics.
 """
 from .sample import SAMPLE_FIELDS, ALWAYS_FIELDS, NonFiniteInputError, make_sample
 from .safe_pickle import UnsafePickleError, RestrictedUnpickler, safe_loads
@@ -10,6 +11,8 @@ from .lmdb_io import (
     LmdbDataset, LmdbWriter, write_lmdb, DataFileError, CorruptRecordError, DEFAULT_KEY_MAP, check_lmdb_file,
 )
 from .ase_db import AseDbDataset, atoms_to_sample
+from .aselmdb import AseLmdbDataset, AseLmdbWriter, write_aselmdb
+from .formats import open_dataset, dataset_format
 from .qm9 import QM9, qm9_split, QM9_SIZE, STANDARD_SPLIT
 from .qm9_formats import TARGET_NAMES as QM9_TARGET_NAMES, TARGET_UNITS as QM9_TARGET_UNITS
 from .sampler import BalancedBatchSampler, balanced_split, get_natoms
@@ -25,7 +28,8 @@ __all__ = [
     "SAMPLE_FIELDS", "ALWAYS_FIELDS", "make_sample", "NonFiniteInputError", "check_lmdb_file",
     "UnsafePickleError", "RestrictedUnpickler", "safe_loads",
     "LmdbDataset", "LmdbWriter", "write_lmdb", "DataFileError", "CorruptRecordError", "DEFAULT_KEY_MAP",
-    "AseDbDataset", "atoms_to_sample",
+    "AseDbDataset", "atoms_to_sample", "AseLmdbDataset", "AseLmdbWriter", "write_aselmdb", "open_dataset",
+    "dataset_format",
     "QM9", "qm9_split", "QM9_SIZE", "STANDARD_SPLIT", "QM9_TARGET_NAMES", "QM9_TARGET_UNITS",
     "BalancedBatchSampler", "balanced_split", "get_natoms",
     "Normalizer", "LinearReference", "fit_normalizer", "fit_linear_reference", "collect_targets",

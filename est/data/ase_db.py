@@ -1,5 +1,7 @@
 """ASE databases (``ase.db``: ``.db`` SQLite, ``.json``, and ``.aselmdb`` where
-fairchem's backend is installed) as canonical samples.
+``ase-db-backends`` is installed) as canonical samples, one file through ASE's
+own ``connect`` (for ``.aselmdb`` files and folders read straight from LMDB,
+with atom-count metadata and key maps, see :mod:`est.data.aselmdb`).
 
 Per row: positions, numbers, cell, pbc; ``tags`` from the atoms' tags;
 ``fixed`` from ``FixAtoms`` constraints; ``energy``/``forces`` from the stored
@@ -90,7 +92,8 @@ class AseDbDataset(Dataset):
         except Exception as exc:
             hint = ""
             if self.path.endswith(".aselmdb"):
-                hint = " Reading .aselmdb needs fairchem-core's ASE LMDB backend (pip install fairchem-core)."
+                hint = (" Reading .aselmdb through ASE needs its LMDB backend (pip install ase-db-backends); "
+                        "est.data.AseLmdbDataset reads it without.")
             raise ValueError(f"{self.path}: cannot open as an ASE database ({type(exc).__name__}: {exc}).{hint}") from None
 
     def _handle(self):

@@ -24,7 +24,7 @@ sum_adsorbate-atoms mu_X`` with gas-phase references from EMT-relaxed
 molecules: ``mu_H = E(H2)/2``, ``mu_O = E(H2O) - E(H2)``,
 ``mu_C = E(CO) - mu_O``, ``mu_N = E(N2)/2``. Forces are EMT forces (eV/A).
 
-Layout written (with :class:`est.data.LmdbWriter`, code-free records)::
+Layout written (``--format lmdb``, the default: :class:`est.data.LmdbWriter`, code-free records)::
 
     OUT/s2ef/train/data.NNNN.lmdb + metadata.npz    fields: pos, atomic_numbers, natoms,
     OUT/s2ef/val/...                                  cell, pbc, fixed, tags, energy, forces, sid, fid
@@ -32,12 +32,17 @@ Layout written (with :class:`est.data.LmdbWriter`, code-free records)::
     OUT/is2re/val/data.lmdb
     OUT/manifest.json                                config, counts, references, timing
 
+``--format aselmdb`` writes the same records as fairchem 2.x ASE LMDB databases
+(:class:`est.data.AseLmdbWriter`, needs ``ase-db-backends``): ``OUT/s2ef/{train,val}/data.NNNN.aselmdb``
+(energy and forces as calculator results, FixAtoms, tags, ``sid``/``fid`` key-value pairs) and
+``OUT/is2re/{train,val}/data.aselmdb`` (``pos_relaxed``, ``y_init``, ``y_relaxed`` in the rows' data).
+
 Systems are assigned to val when ``system % k == 1`` with
 ``k = round(1 / val_fraction)`` (whole systems, so no frame leaks).
 
 CLI::
 
-    python -m est.data.generate --out DIR --frames 3000 [--seed 0] [--workers 2]
+    python -m est.data.generate --out DIR --frames 3000 [--seed 0] [--workers 2] [--format aselmdb]
 """
 from __future__ import annotations
 
@@ -279,15 +284,34 @@ def _is_val(system: int, val_fraction: float) -> bool:
     return system % k == 1
 
 
-def generate(out: str, config: Optional[EMTConfig] = None, *, workers: int = 1, overwrite: bool = False,
-             verbose: bool = True, **overrides) -> Dict[str, object]:
-    """Generate the dataset into ``out`` (see module docstring); returns the manifest.
+FORMATS = ("lmdb", "aselmdb")
 
-    ``overrides`` set :class:`EMTConfig` fields (e.g. ``frames=200, seed=1``).
-    The folder is built under a temporary name and moved into place at the end.
-    """
+
+def _writers(tmp: str, fmt: str, samples_per_shard: int) -> Dict[Tuple[str, str], object]:
+    """One writer per (task, split) in file format ``fmt`` (see module docstring)."""
+    if fmt == "aselmdb":
+        from .aselmdb import AseLmdbWriter
+
+        return {("s2ef", s): AseLmdbWriter(os.path.join(tmp, "s2ef", s), rows_per_file=samples_per_shard)
+                for s in ("train", "val")} | \
+               {("is2re", s): AseLmdbWriter(os.path.join(tmp, "is2re", s, "data.aselmdb")) for s in ("train", "val")}
     from .lmdb_io import LmdbWriter
 
+    return {("s2ef", s): LmdbWriter(os.path.join(tmp, "s2ef", s), samples_per_shard=samples_per_shard)
+            for s in ("train", "val")} | \
+           {("is2re", s): LmdbWriter(os.path.join(tmp, "is2re", s, "data.lmdb")) for s in ("train", "val")}
+
+
+def generate(out: str, config: Optional[EMTConfig] = None, *, workers: int = 1, overwrite: bool = False,
+             verbose: bool = True, file_format: str = "lmdb", **overrides) -> Dict[str, object]:
+    """Generate the dataset into ``out`` (see module docstring); returns the manifest.
+
+    ``overrides`` set :class:`EMTConfig` fields (e.g. ``frames=200, seed=1``); ``file_format`` is
+    the file format, ``"lmdb"`` (OC20 layout) or ``"aselmdb"`` (fairchem 2.x ASE LMDB).
+    The folder is built under a temporary name and moved into place at the end.
+    """
+    if file_format not in FORMATS:
+        raise ValueError(f"file_format={file_format!r}: choose one of {FORMATS}")
     cfg = config if config is not None else EMTConfig()
     if overrides:
         cfg = EMTConfig(**{**asdict(cfg), **overrides})
@@ -313,12 +337,7 @@ def generate(out: str, config: Optional[EMTConfig] = None, *, workers: int = 1, 
         shutil.rmtree(tmp)
     os.makedirs(tmp)
     t0 = time.time()
-    writers = {
-        ("s2ef", "train"): LmdbWriter(os.path.join(tmp, "s2ef", "train"), samples_per_shard=cfg.samples_per_shard),
-        ("s2ef", "val"): LmdbWriter(os.path.join(tmp, "s2ef", "val"), samples_per_shard=cfg.samples_per_shard),
-        ("is2re", "train"): LmdbWriter(os.path.join(tmp, "is2re", "train", "data.lmdb")),
-        ("is2re", "val"): LmdbWriter(os.path.join(tmp, "is2re", "val", "data.lmdb")),
-    }
+    writers = _writers(tmp, file_format, cfg.samples_per_shard)
     gas_references()  # computed once here (and once per worker)
     pool = None
     if workers > 1:
@@ -368,6 +387,7 @@ def generate(out: str, config: Optional[EMTConfig] = None, *, workers: int = 1, 
     counts = {f"{task}/{split}": len(w) for (task, split), w in writers.items()}
     manifest = {
         "format": "est OC20-layout EMT dataset",
+        "file_format": file_format,
         "config": asdict(cfg),
         "counts": counts,
         "gas_references_eV": gas_references(),
@@ -416,6 +436,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--optimizer", choices=("lbfgs", "bfgs"), default="lbfgs")
     p.add_argument("--val-fraction", type=float, default=0.1)
     p.add_argument("--samples-per-shard", type=int, default=5000)
+    p.add_argument("--format", choices=FORMATS, default="lmdb",
+                   help="lmdb: OC20-layout LMDB (default); aselmdb: fairchem 2.x ASE LMDB (needs ase-db-backends)")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
@@ -425,7 +447,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         relax_frames=a.relax_frames, relax_steps=a.relax_steps, optimizer=a.optimizer,
         val_fraction=a.val_fraction, samples_per_shard=a.samples_per_shard,
     )
-    generate(a.out, cfg, workers=a.workers, overwrite=a.overwrite, verbose=not a.quiet)
+    generate(a.out, cfg, workers=a.workers, overwrite=a.overwrite, verbose=not a.quiet, file_format=a.format)
     return 0
 
 

@@ -108,8 +108,13 @@ def fit_normalizer(values: Any) -> Normalizer:
     return Normalizer(v.mean(dim=0), torch.where(std > 0, std, torch.ones_like(std)))
 
 
-def fit_linear_reference(targets: Any, atomic_numbers: Sequence[torch.Tensor], *, max_z: int = 100) -> LinearReference:
-    """Least-squares per-element references (no intercept); unseen elements get 0; NaN/inf rows are left out."""
+def fit_linear_reference(targets: Any, atomic_numbers: Sequence[torch.Tensor], *, max_z: int = 100,
+                         unseen: float = 0.0) -> LinearReference:
+    """Least-squares per-element references (no intercept); NaN/inf rows are left out.
+
+    Elements absent from the fitted rows get ``unseen`` (0 by default; ``float("nan")`` makes any later use
+    of an element the fit never saw visible instead of silently adding nothing).
+    """
     y = torch.as_tensor(targets, dtype=torch.float64)
     Y = y[:, None] if y.dim() == 1 else y  # [M, T]
     ok = _finite_rows(Y, "fit_linear_reference")
@@ -120,7 +125,7 @@ def fit_linear_reference(targets: Any, atomic_numbers: Sequence[torch.Tensor], *
         np.add.at(counts[g], np.asarray(z, dtype=np.int64), 1.0)
     present = counts.sum(0) > 0
     w, *_ = np.linalg.lstsq(counts[:, present], Y.numpy(), rcond=None)
-    weight = np.zeros((max_z + 1, Y.shape[1]))
+    weight = np.full((max_z + 1, Y.shape[1]), float(unseen))
     weight[present] = w
     return LinearReference(torch.from_numpy(weight))
 

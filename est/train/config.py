@@ -61,11 +61,14 @@ class DataConfig:
     source: str = "auto"
     #: PyG target indices to learn (0..18); U0/U/H/G (7-10) use atom references
     targets: List[int] = field(default_factory=lambda: [7])
-    #: "b3lyp" (QM9's free-atom energies), "fit" (least squares on train), "none"
+    #: per-element energy references the model learns on top of: "fit" (least squares on the
+    #: training split; QM9 U0/U/H/G, S2EF and IS2RE energies), "b3lyp" (QM9's free-atom
+    #: energies, QM9 only) or "none"
     atomref: str = "fit"
     split_seed: int = 0
     cache_dir: Optional[str] = None
-    # -- OC20-layout LMDB (s2ef: folder of *.lmdb; is2re: data.lmdb)
+    # -- files: OC20-layout LMDB (s2ef: folder of *.lmdb; is2re: data.lmdb), fairchem .aselmdb
+    # (a file or a folder of them), ASE .db/.json
     train_path: Optional[str] = None
     val_path: Optional[str] = None
     test_path: Optional[str] = None
@@ -95,7 +98,8 @@ class NormalizerConfig:
     """Target normalisation: fitted on training data unless given."""
 
     fit: bool = True
-    #: samples read to fit LMDB energies (QM9 uses all targets, which are in memory)
+    #: random training samples read to fit S2EF/IS2RE energy references and normalisers
+    #: (QM9 uses all targets, which are in memory)
     max_samples: int = 20000
     energy_mean: Optional[float] = None
     energy_std: Optional[float] = None
@@ -419,6 +423,14 @@ def validate(cfg: Any, *, check_paths: bool = True) -> None:
                               "(PyG raw folder, dsgdb9nsd.xyz.tar.bz2, qm9pack CSV folder) or set data.root=null "
                               "to use the installed qm9pack package (pip install qm9pack).")
     else:
+        if d.atomref == "b3lyp":
+            raise ConfigError(f"data.atomref=b3lyp is QM9's table of free-atom energies; data.task={d.task} has none. "
+                              "Fix: data.atomref=fit (least-squares references on the training set) or none.")
+        _choice("data.atomref", d.atomref, ("fit", "none"))
+        if d.atomref == "fit" and (t.normalizer.energy_mean is not None or t.normalizer.energy_std is not None):
+            raise ConfigError("data.atomref=fit with fixed trainer.normalizer.energy_mean/energy_std: the fixed values "
+                              "would apply to the energies minus fitted references. Fix: data.atomref=none to keep "
+                              "them (e.g. published normalisers of raw energies), or set both to null to fit them.")
         if d.task == "s2ef" and not regress and t.force_coefficient > 0:
             raise ConfigError("data.task=s2ef trains forces but model.regress_forces is not set. "
                               "Fix: set model.regress_forces=direct (or gradient), or trainer.force_coefficient=0.")
@@ -434,9 +446,9 @@ def validate(cfg: Any, *, check_paths: bool = True) -> None:
                     if key == "data.train_path" and d.generate:
                         continue
                     raise ConfigError(f"{key} is not set. Fix: pass {key}=/path/to/{'folder of *.lmdb' if d.task == 's2ef' else 'data.lmdb'}"
-                                      " on the command line.")
+                                      " (or an .aselmdb file / folder of them) on the command line.")
                 if not os.path.exists(p) and not (d.generate and key in ("data.train_path", "data.val_path")):
-                    raise ConfigError(f"{key}={p!r} does not exist. Fix: pass {key}=<existing LMDB file or folder>"
+                    raise ConfigError(f"{key}={p!r} does not exist. Fix: pass {key}=<existing .lmdb/.aselmdb file or folder>"
                                       + (" or data.generate=true to build the EMT set there." if d.task != "qm9" else "."))
             if d.test_path is not None and not os.path.exists(d.test_path) and not d.generate:
                 raise ConfigError(f"data.test_path={d.test_path!r} does not exist. Fix: give an existing path or data.test_path=null.")

@@ -1,6 +1,8 @@
 """Datasets, per-rank loaders and asynchronous prefetching for training.
 
-Datasets come from :mod:`est.data` (``QM9``, ``LmdbDataset``); any
+Datasets come from :mod:`est.data` (``QM9``; for the other tasks the reader the
+path calls for, :func:`est.data.formats.open_dataset`: OC20 ``.lmdb``, fairchem
+``.aselmdb``, ASE ``.db``); any
 ``Sequence[Data]`` of canonical samples (CONVENTIONS.md) also works, which is
 how the tests train on in-memory data.
 
@@ -163,7 +165,7 @@ def _maybe_generate(dcfg, info) -> None:
 
 
 def build_datasets(dcfg, info, splits: Sequence[str] = ("train", "val", "test")) -> Dict[str, Dataset]:
-    """Datasets for the requested splits (QM9 or OC20-layout LMDB), with ``data.subset`` applied."""
+    """Datasets for the requested splits (QM9, or files by path: LMDB, .aselmdb, ASE db), with ``data.subset`` applied."""
     out: Dict[str, Dataset] = {}
     if dcfg.task == "qm9":
         try:
@@ -183,10 +185,8 @@ def build_datasets(dcfg, info, splits: Sequence[str] = ("train", "val", "test"))
                     out[s] = QM9(dcfg.root, split=s, verbose=info.is_main and s == splits[0], **kw)
             barrier(info)
         return out
-    try:
-        from est.data import LmdbDataset  # type: ignore[attr-defined]
-    except ImportError:
-        from est.data.lmdb_io import LmdbDataset
+    from est.data.formats import open_dataset
+
     _maybe_generate(dcfg, info)
     paths = {"train": dcfg.train_path, "val": dcfg.val_path, "test": dcfg.test_path}
     frac = None
@@ -194,9 +194,11 @@ def build_datasets(dcfg, info, splits: Sequence[str] = ("train", "val", "test"))
         if s not in splits or paths[s] is None:
             continue
         key_map = OmegaConf.to_container(dcfg.key_map) if isinstance(dcfg.key_map, DictConfig) else dict(dcfg.key_map or {})
+        # the reader follows the path (OC20 .lmdb, fairchem .aselmdb, ASE .db/.json: est.data.formats);
         # non-finite positions/cells reach the trainer, which names the file and key and skips
-        # them under trainer.max_bad_batches (Trainer.nonfinite_inputs)
-        ds = LmdbDataset(paths[s], key_map=key_map or None, trusted=dcfg.trusted, check_finite=False)
+        # them under trainer.max_bad_batches (Trainer.nonfinite_inputs). No extra fields (.aselmdb
+        # stress/charge/spin): no task reads them, and rows with and without one cannot share a batch
+        ds = open_dataset(paths[s], key_map=key_map or None, trusted=dcfg.trusted, check_finite=False, extra_fields=())
         if s == "train" or frac is None:
             frac = _subset_fraction(dcfg.subset, len(ds)) if s == "train" or "train" not in splits else frac
         out[s] = _take(ds, frac, seed=dcfg.split_seed + {"train": 0, "val": 1, "test": 2}[s])

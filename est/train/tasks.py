@@ -2,13 +2,21 @@
 
 Models predict in normalised target space; a task owns the normalisers.
 
-* S2EF: ``e = (E - mu_E) / sigma_E``, ``f = F / sigma_E`` (forces share the
-  energy std, mean 0). Loss (reference.md)::
+* S2EF: ``e = (E - R(G) - mu_E) / sigma_E``, ``f = F / sigma_E`` (forces share
+  the energy std, mean 0), with ``R(G) = sum_{i in G} w[z_i]`` per-element
+  references. ``atomref=fit`` (the default) fits ``w`` by least squares
+  ``min_w sum_G (E_G - R(G))^2`` on the training set (at most
+  ``trainer.normalizer.max_samples`` random structures), then ``mu_E`` and
+  ``sigma_E`` on ``E - R``; ``atomref=none``: ``w = 0``. ``w`` is saved with the
+  normalisers (``atomref``, [119] eV, NaN for elements the fit never saw: one
+  in a training batch raises; in evaluation it counts 0 eV with a warning
+  naming it, never silently); predictions add ``R`` back, so they are total
+  energies in the data's units. Loss (reference.md)::
 
       L = lambda_E * sum_b |e_b - e*_b| / G  +  lambda_F * sum_{i free} ||f_i - f*_i||_2 / A_free
 
   with G graphs and A_free free atoms (``fixed == 0``) of the *global* batch.
-* IS2RE: the energy term only.
+* IS2RE: the energy term only (same references).
 * QM9: ``L = sum_{b,t} |p_bt - p*_bt| / (G T)`` on normalised targets
   ``(y_t - ref_t - mu_t) / sigma_t``. U0/U/H/G (7-10) are learned minus atom
   reference energies: with ``atomref=b3lyp`` the target column is PyG's
@@ -121,34 +129,120 @@ class Task:
 
 
 # ============================================================================ S2EF / IS2RE
+#: size of the fitted per-element reference table (Z = 0..118)
+ATOMREF_SIZE = 119
+
+
+def fit_energy_reference(energies: Tensor, atomic_numbers: Sequence[Tensor], *, expected: Optional[Sequence[int]] = None,
+                         where: str = "the training structures") -> Tensor:
+    """Least-squares per-element energies ``w`` [ATOMREF_SIZE] (float64, eV) with ``E_g ~ sum_{i in g} w[z_i]``.
+
+    Elements absent from the fitted structures are NaN, so a structure with one of them cannot silently get a
+    zero reference (:meth:`_EnergyTask.reference` raises). ``expected``: elements the data says it holds
+    (dataset metadata); one missing from the fitted structures is an error here, at fit time.
+    """
+    from est.data.stats import fit_linear_reference
+
+    w = fit_linear_reference(energies, atomic_numbers, max_z=ATOMREF_SIZE - 1, unseen=float("nan")).weight[:, 0]
+    missing = sorted(int(z) for z in (expected or ()) if not (0 <= int(z) < ATOMREF_SIZE and torch.isfinite(w[int(z)])))
+    if missing:
+        raise ValueError(f"data.atomref=fit: elements {missing} are listed in the dataset's metadata but absent from "
+                         f"{where}, which the references were fitted on. Fix: raise "
+                         "trainer.normalizer.max_samples (up to the training-set size) or set data.atomref=none.")
+    return w
+
+
 class _EnergyTask(Task):
+    """Energy targets ``e = (E - sum_i ref(z_i) - mu) / sigma``; ``ref`` = 0 unless ``atomref="fit"`` (then it is
+    fitted on the training set by least squares and kept in the normalisers as ``atomref``)."""
+
+    def __init__(self, *, atomref: str = "none", **kw):
+        super().__init__(**kw)
+        if atomref not in ("fit", "none"):
+            raise ValueError(f"atomref={atomref!r} for data.task={self.name}: choose 'fit' or 'none' "
+                             "('b3lyp' is QM9's table of free-atom energies)")
+        self.atomref = atomref
+        self._unreferenced: set = set()  # elements already warned about in evaluation
+
     def fit_normalizers(self, train_dataset, ncfg) -> Dict[str, Tensor]:
         mean, std = ncfg.energy_mean, ncfg.energy_std
+        fit_ref = self.atomref == "fit"
+        if fit_ref and (mean is not None or std is not None):
+            raise ValueError("data.atomref=fit with fixed trainer.normalizer.energy_mean/energy_std: the fixed values "
+                             "would apply to energies minus fitted references. Fix: data.atomref=none to keep them, "
+                             "or set both to null to fit them after the references.")
         if (mean is None or std is None) and not ncfg.fit:
-            raise ValueError("trainer.normalizer.fit=false needs trainer.normalizer.energy_mean and energy_std. "
-                             "Fix: set both, or trainer.normalizer.fit=true.")
+            raise ValueError("trainer.normalizer.fit=false needs trainer.normalizer.energy_mean and energy_std "
+                             "(and data.atomref=none). Fix: set them, or trainer.normalizer.fit=true.")
+        ref = None
         if mean is None or std is None:
-            e = torch.tensor([float(s.energy.reshape(-1)[0]) for s in _sample_iter(train_dataset, ncfg.max_samples, 0)],
-                             dtype=torch.float64)
-            bad = int((~torch.isfinite(e)).sum())
+            e, zs = [], []
+            for s in _sample_iter(train_dataset, ncfg.max_samples, 0):
+                e.append(float(s.energy.reshape(-1)[0]))
+                zs.append(s.atomic_numbers)
+            e = torch.tensor(e, dtype=torch.float64)  # [M]
+            ok = torch.isfinite(e)
+            bad = int((~ok).sum())
             if bad:
                 warnings.warn(f"{bad} of {e.numel()} training energies are not finite; the normaliser ignores them")
-                e = e[torch.isfinite(e)]
+                e, zs = e[ok], [z for z, keep in zip(zs, ok.tolist()) if keep]
             if e.numel() == 0:
                 raise ValueError("the training set is empty: cannot fit the energy normaliser")
+            if fit_ref:
+                meta = getattr(train_dataset, "elements", None)
+                n = len(train_dataset)
+                where = f"all {n} training structures" if n <= ncfg.max_samples else \
+                    f"{ncfg.max_samples} random training structures (of {n})"
+                ref = fit_energy_reference(e, zs, expected=None if meta is None or callable(meta) else meta, where=where)
+                e = e - torch.stack([ref[z].sum() for z in zs])
             mean = float(e.mean()) if mean is None else mean
             fitted_std = float(e.std()) if e.numel() > 1 else 1.0
             std = (fitted_std if fitted_std > 1e-8 else 1.0) if std is None else std
         self.norm = {"energy_mean": torch.tensor(float(mean), dtype=torch.float64),
                      "energy_std": torch.tensor(float(std), dtype=torch.float64)}
+        if ref is not None:
+            self.norm["atomref"] = ref
         return self.norm
 
-    def _energy(self, out: Dict[str, Tensor], batch) -> Tuple[Tensor, Tensor]:
-        """(normalised prediction [B], normalised target [B]) in float32."""
+    def reference(self, batch, *, strict: bool = True) -> Tensor:
+        """``sum_{i in g} ref(z_i)`` [B] (float64, eV): zeros without fitted references (``norm["atomref"]``).
+
+        An element without a fitted reference (absent from the structures of the fit) raises with ``strict``
+        (training: the target would be off by its whole atomic energy); otherwise (evaluation) it counts 0 eV
+        per atom, with one warning per element: its structures' energy errors include that atomic energy.
+        """
+        ref = self.norm.get("atomref")
+        if ref is None:
+            return torch.zeros(batch.num_graphs, dtype=torch.float64, device=batch.pos.device)
+        z = batch.atomic_numbers
+        per_atom = ref[z.clamp(0, ref.numel() - 1)]  # [N]
+        bad = torch.isnan(per_atom) | (z >= ref.numel())
+        if bool(bad.any()):
+            unseen = sorted(set(z[bad].tolist()))
+            if strict:
+                raise ValueError(f"elements {unseen} have no fitted energy reference: they were absent from the training "
+                                 "structures the references were fitted on. Fix: raise trainer.normalizer.max_samples "
+                                 "(up to the training-set size) so the fit sees them, or data.atomref=none.")
+            new = [u for u in unseen if u not in self._unreferenced]
+            if new:
+                self._unreferenced.update(new)
+                warnings.warn(f"evaluated structures hold elements {new} that the training structures (and the fitted "
+                              "references) lack: they count 0 eV per atom, so these structures' energy errors include "
+                              "their whole atomic energies (the model never saw them either)")
+            per_atom = torch.where(bad, torch.zeros_like(per_atom), per_atom)
+        return _graph_sum(per_atom, batch.batch, batch.num_graphs)
+
+    def _energy(self, out: Dict[str, Tensor], batch, *, strict: bool = True) -> Tuple[Tensor, Tensor]:
+        """(normalised prediction [B], normalised target [B]) in float32 (``strict``: see :meth:`reference`)."""
         mu, sd = self.norm["energy_mean"], self.norm["energy_std"]
         pred = out["energy"].float().reshape(-1)
-        target = ((batch.energy.reshape(-1).double() - mu) / sd).float()
+        target = ((batch.energy.reshape(-1).double() - self.reference(batch, strict=strict) - mu) / sd).float()
         return pred, target
+
+    def _total_energy(self, out: Dict[str, Tensor], batch) -> np.ndarray:
+        """Predicted energies [B] in eV, references included (the data's energies)."""
+        sd, mu = self.norm["energy_std"], self.norm["energy_mean"]
+        return (out["energy"].double().reshape(-1) * sd + mu + self.reference(batch, strict=False)).cpu().numpy()
 
     def check_output(self, out, batch) -> None:
         if "energy" not in out:
@@ -193,8 +287,8 @@ class S2EFTask(_EnergyTask):
         return ["loss", "energy_mae", "forces_mae", "forces_cos", "efwt"]
 
     def accumulate(self, sums, out, batch) -> None:
-        sd, mu = self.norm["energy_std"], self.norm["energy_mean"]
-        pred, target = self._energy(out, batch)
+        sd = self.norm["energy_std"]
+        pred, target = self._energy(out, batch, strict=False)
         free = self._free(batch)
         B = batch.num_graphs
         e_err = (pred.double() - target.double()).abs() * sd  # [B] eV
@@ -230,8 +324,8 @@ class S2EFTask(_EnergyTask):
         return out
 
     def predictions(self, out, batch) -> Dict[str, np.ndarray]:
-        sd, mu = self.norm["energy_std"], self.norm["energy_mean"]
-        e = (out["energy"].double().reshape(-1) * sd + mu).cpu().numpy()
+        sd = self.norm["energy_std"]
+        e = self._total_energy(out, batch)
         res = {"idx": batch.idx.reshape(-1).cpu().numpy(), "sid": batch.sid.reshape(-1).cpu().numpy(),
                "fid": batch.fid.reshape(-1).cpu().numpy(), "natoms": batch.natoms.reshape(-1).cpu().numpy(),
                "energy_pred": e, "energy_true": batch.energy.reshape(-1).double().cpu().numpy(),
@@ -258,7 +352,7 @@ class IS2RETask(_EnergyTask):
 
     def accumulate(self, sums, out, batch) -> None:
         sd = self.norm["energy_std"]
-        pred, target = self._energy(out, batch)
+        pred, target = self._energy(out, batch, strict=False)
         for prefix, de in (("", (pred.double() - target.double()).abs() * sd), ("base_", target.double().abs() * sd)):
             self._add(sums, prefix + "energy_abs", de)
             self._add(sums, prefix + "energy_ewt", (de < EFWT_ENERGY).double())
@@ -275,9 +369,8 @@ class IS2RETask(_EnergyTask):
         return out
 
     def predictions(self, out, batch) -> Dict[str, np.ndarray]:
-        sd, mu = self.norm["energy_std"], self.norm["energy_mean"]
         return {"idx": batch.idx.reshape(-1).cpu().numpy(), "sid": batch.sid.reshape(-1).cpu().numpy(),
-                "energy_pred": (out["energy"].double().reshape(-1) * sd + mu).cpu().numpy(),
+                "energy_pred": self._total_energy(out, batch),
                 "energy_true": batch.energy.reshape(-1).double().cpu().numpy()}
 
 
@@ -392,8 +485,11 @@ def build_task(data_cfg, trainer_cfg) -> Task:
     kw = dict(energy_coefficient=trainer_cfg.energy_coefficient, force_coefficient=trainer_cfg.force_coefficient)
     if data_cfg.task == "qm9":
         return QM9Task(targets=list(data_cfg.targets), atomref=data_cfg.atomref, **kw)
+    # validate() refuses atomref=b3lyp for S2EF/IS2RE; a checkpoint config of an older version may still hold it
+    # (the old default): its normalisers then have no fitted references, i.e. "none"
+    atomref = "fit" if data_cfg.atomref == "fit" else "none"
     if data_cfg.task == "s2ef":
-        return S2EFTask(**kw)
+        return S2EFTask(atomref=atomref, **kw)
     if data_cfg.task == "is2re":
-        return IS2RETask(**kw)
+        return IS2RETask(atomref=atomref, **kw)
     raise ValueError(f"unknown data.task {data_cfg.task!r}")
