@@ -46,7 +46,8 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from .cache import atomic_savez, cache_key, default_cache_dir, file_signature
-from .lmdb_io import CorruptRecordError, DataFileError, LmdbDataset, LmdbWriter, _merge_key_map, record_to_sample
+from .lmdb_io import CorruptRecordError, DataFileError, LmdbDataset, LmdbWriter, record_to_sample
+from .lmdb_records import merge_key_map as _merge_key_map
 
 __all__ = ["AseLmdbDataset", "AseLmdbWriter", "write_aselmdb", "aselmdb_files", "is_aselmdb_path", "SUFFIX"]
 
