@@ -38,10 +38,10 @@ def test_study_configs_build_identical_shapes(bench_modules, data):
 
     d = study.DATASETS[data]
     counts = {}
-    for model, overrides in study.MODELS.items():
+    for model in study.MODELS:
         if model == "fairchem" or data not in study.ONLY_ON.get(model, study.DATASETS):
             continue
-        cfg = load_config([f"+experiment={d['experiment']}", *d["overrides"], *overrides])
+        cfg = load_config([f"+experiment={d['experiment']}", *d["overrides"], *study.model_overrides(model, data)])
         m = dict(cfg.model)
         m.update(avg_num_nodes=18.0, avg_degree=12.0)
         net = build_model(**m)
@@ -53,7 +53,10 @@ def test_study_configs_build_identical_shapes(bench_modules, data):
     m = {k: v for k, v in dict(cfg.model).items() if k != "name"}
     m.update(avg_num_nodes=18.0, avg_degree=12.0)
     assert fe.comparable_config(cfg.model.name, **m) == build_model(name=cfg.model.name, **m).config
-    assert counts["est-ffn"] < counts["est-default"]
+    assert counts["est-ffn"] < counts["est-hybrid0"]  # the previous default: the FFN expert plus a spherical one
+    if data == "emt":  # the previous default at L = 3 samples its transformer on a design of degree 3L = 9
+        cfg = load_config([f"+experiment={d['experiment']}", *d["overrides"], *study.model_overrides("est-hybrid0", data)])
+        assert cfg.model.est.grid.degree == 9 and cfg.model.est.projections == "points"
 
 
 def _rec(model, seed, gap, t=100.0, eq=None):
@@ -79,7 +82,7 @@ def test_accuracy_tables_pair_seeds_and_ratios(bench_modules):
     assert "step time" not in main  # per-run step times on a shared machine are noise: not reported
     assert "85 ± 35" in main  # mean ± sd of 60 and 110
     assert "mean predictor" in main and "1000" in main
-    assert "est EST, ST on t=4 (S=12)" in t["ablation-qm9"]
+    assert "previous default, ST on t=4 (S=12)" in t["ablation-qm9"]
     assert "| 0.005 |" in t["accuracy-equivariance"]  # est 1e-8 / fairchem 2e-6
     only_ablations = summary.accuracy_tables({"runs": {"qm9": {"est-t4": runs["qm9"]["est-t4"]}}})
     assert "accuracy-qm9" not in only_ablations  # a run of ablation models alone renders without the main table
