@@ -65,7 +65,8 @@ budget of a root is fixed by its first call (``ROOT/budget.json``).
 
     python benchmarks/study_forces.py --data-dir DATA                 # 4 molecules x 5 models x 3 seeds
     python benchmarks/study_forces.py --data-dir DATA --molecules ethanol --models est-ffn est-default --seeds 0
-    python benchmarks/study_forces.py --data-dir DATA --quick --molecules ethanol   # smoke run (ROOT/quick)
+    python benchmarks/study_forces.py --data-dir DATA --quick --molecules ethanol   # smoke run (ROOT/quick), with
+                                                                      # the projected CPU hours of the full runs
     python benchmarks/study_forces.py --tables-only                   # tables and plots from the stored runs
 """
 from __future__ import annotations
@@ -312,19 +313,22 @@ def plot_curves(results: dict[str, dict[str, list[dict]]], plots: Path, *, clock
     return written
 
 
-def projection(results: dict[str, dict[str, list[dict]]], budget: Budget) -> str:
-    """Projected CPU hours of one run at ``budget`` from measured steady CPU ms per training and MD step."""
+def projection(results: dict[str, dict[str, list[dict]]], budget: Budget, *, test_frames: int = 500) -> str:
+    """Projected CPU hours of one run at ``budget`` from the measured CPU cost of a training step (steady,
+    between the first and last evaluations), an MD step and a test frame (validation and test passes)."""
     rows = []
     for molecule, per_model in results.items():
         for model in _order(per_model):
             for r in per_model[model]:
                 train_h = budget.steps * r["cpu_ms_per_step_steady"] / 3.6e6
-                md_ms = r["md"].get("cpu_ms_per_step", math.nan) if r.get("md") else math.nan
+                md_ms = r["md"]["cpu_ms_per_step"]
                 md_h = budget.md_steps * md_ms / 3.6e6
+                frames = budget.steps // budget.eval_every * budget.val_frames + test_frames
+                eval_h = frames * r["metrics"]["cpu_s"] / r["metrics"]["frames"] / 3600.0
                 rows.append({"molecule": molecule, "model": model, "seed": r["seed"],
                              "train CPU ms/step": f"{r['cpu_ms_per_step_steady']:.0f}", "MD CPU ms/step": f"{md_ms:.1f}",
                              f"train h ({budget.steps} steps)": f"{train_h:.2f}", f"MD h ({budget.md_ps:g} ps)": f"{md_h:.2f}",
-                             "run h (+ evaluations)": f"{train_h * (1 + r.get('eval_share', 0.0)) + md_h:.2f}"})
+                             f"evaluation h ({frames} frames)": f"{eval_h:.2f}", "run h": f"{train_h + md_h + eval_h:.2f}"})
     return markdown_table(rows, list(rows[0])) if rows else ""
 
 
@@ -490,7 +494,7 @@ def run_est(molecule: str, model: str, seed: int, rd: Path, data_dir: Path, budg
     wall, cpu = clock.stop()
     if status != "finished":
         raise SystemExit(f"[forces] {rd}: training interrupted at step {trainer.step}; run the study again to resume")
-    eval_s = max(time.perf_counter() - t0 - wall, 0.0)  # evaluations and start-up (a resumed run: its own part)
+    val_eval_wall_s = max(time.perf_counter() - t0 - wall, 0.0)  # validation passes and start-up (of this call)
     best = rd / "best.pt"
 
     def test_metrics() -> dict:
@@ -517,7 +521,7 @@ def run_est(molecule: str, model: str, seed: int, rd: Path, data_dir: Path, budg
     return dict(molecule=molecule, model=model, seed=seed, kind="est", overrides=cli, steps=trainer.step,
                 params=sum(p.numel() for p in trainer.module.parameters()), train_wall_s=wall, train_cpu_s=cpu,
                 cpu_ms_per_step=1000.0 * cpu / max(trainer.step, 1), cpu_ms_per_step_steady=steady_ms_per_step(curve),
-                eval_share=eval_s / max(wall, 1e-9), curve=curve, metrics=metrics, equivariance=eq, md=md_result,
+                val_eval_wall_s=val_eval_wall_s, curve=curve, metrics=metrics, equivariance=eq, md=md_result,
                 model_config=trainer.model_cfg)
 
 
@@ -547,7 +551,7 @@ def run_mace(molecule: str, seed: int, rd: Path, data_dir: Path, root: Path, bud
     return dict(molecule=molecule, model=MACE, seed=seed, kind="mace", steps=steps, params=metrics.get("params"),
                 train_wall_s=rec.get("opt_s_total"), train_cpu_s=opt_cpu, run_wall_s=rec["wall_s"], run_cpu_s=rec["cpu_s"],
                 cpu_ms_per_step=1000.0 * opt_cpu / max(steps, 1), cpu_ms_per_step_steady=steady_ms_per_step(curve),
-                eval_share=max(rec["cpu_s"] - opt_cpu, 0.0) / max(opt_cpu, 1e-9), curve=curve, metrics=metrics,
+                curve=curve, metrics=metrics,
                 equivariance=None, md=md_result, mace_config=rec["config"], mace_version=rec.get("mace_version"))
 
 
@@ -607,7 +611,10 @@ def main(argv=None) -> int:
             print(f"[forces] {mb.MISSING} ({mb.venv_python()})", flush=True)
             jobs = [j for j in jobs if j[1] != MACE]
         for molecule in args.molecules:
-            molecule_dir(data_dir, molecule)
+            try:
+                molecule_dir(data_dir, molecule)
+            except FileNotFoundError as exc:
+                raise SystemExit(f"[forces] {exc}") from None
             if any(j[1] == MACE for j in jobs):
                 mace_files(data_dir, molecule, root, budget)
         common.launch(jobs, command=lambda job: [sys.executable, __file__, "--one", *map(str, job), "--root", args.root,
