@@ -75,3 +75,67 @@ def rel_equivariance_error(f, x: torch.Tensor, Ds: torch.Tensor) -> float:
             ref = D @ fx
             worst = max(worst, float((f(D @ x) - ref).norm() / ref.norm()))
     return worst
+
+
+# ------------------------------------------------------------------ studies: one subprocess per run
+def launch(jobs: list[tuple], *, command, run_dir, parallel: int, fresh: bool = False,
+           env: dict[str, str] | None = None, tag: str = "study") -> None:
+    """Run each job without a ``run_dir(job)/result.json`` (all with ``fresh``) as a subprocess, ``parallel`` at a time.
+
+    ``command(job)`` is the job's argv; its output goes to ``run_dir(job)/study.log``. Every child
+    gets one BLAS/OpenMP thread plus ``env``. A job whose result appears meanwhile (another
+    driver) is skipped; a failed job is reported and the others go on.
+    """
+    import subprocess
+    import sys
+
+    pending = list(jobs)
+    running: list = []
+    child_env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **(env or {}))
+    while pending or running:
+        while pending and len(running) < parallel:
+            job = pending.pop(0)
+            rd = Path(run_dir(job))
+            if (rd / "result.json").exists() and not fresh:
+                continue
+            rd.mkdir(parents=True, exist_ok=True)
+            log = open(rd / "study.log", "w")
+            running.append((subprocess.Popen(command(job), stdout=log, stderr=subprocess.STDOUT, env=child_env), job, log))
+            print(f"[{tag}] started {job} (log {rd / 'study.log'})", flush=True)
+        time.sleep(2)
+        for proc, job, log in list(running):
+            if proc.poll() is not None:
+                log.close()
+                running.remove((proc, job, log))
+                state = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}, see its study.log)"
+                print(f"[{tag}] {job} {state}", flush=True)
+        sys.stdout.flush()
+
+
+def load_results(jobs: list[tuple], run_dir) -> dict[str, dict[str, list[dict]]]:
+    """``{group: {model: [record, ...]}}`` from the ``run_dir(job)/result.json`` of each ``(group, model, seed)`` job that has one."""
+    out: dict[str, dict[str, list[dict]]] = {}
+    for job in jobs:
+        f = Path(run_dir(job)) / "result.json"
+        if f.exists():
+            out.setdefault(job[0], {}).setdefault(job[1], []).append(json.loads(f.read_text()))
+    return out
+
+
+def trained_rotation_error(subject, samples, output: str, name: str, *, num_rotations: int = 6,
+                           refine_steps: int = 6) -> dict:
+    """Largest relative rotation error of ``output`` over random (then refined) rotations, per sample.
+
+    ``subject``: a trained model (cast to float64, eval) or a callable ``est.testing.check_model``
+    accepts; ``samples``: ``(label, sample)`` pairs. Returns ``{"output": output, label: error, ...}``.
+    """
+    from est.testing import check_model
+
+    out: dict = {"output": output}
+    for label, sample in samples:
+        rep = check_model(subject, sample, checks=["rotation"], num_rotations=num_rotations, refine_steps=refine_steps,
+                          name=f"{name}/{label}")
+        rows = [r for r in rep.rows if r.output == output and r.expected]
+        out[label] = max(r.max_rel for r in rows)
+        print(f"[{name}] trained {output} rotation error on the {label}: {out[label]:.2e}", flush=True)
+    return out

@@ -55,7 +55,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -71,7 +70,8 @@ import fairchem_eqv2 as fe  # noqa: E402
 if __name__ == "__main__":
     fe.reexec_in_baseline_env()
 
-from common import save  # noqa: E402
+import common  # noqa: E402
+from common import save, trained_rotation_error  # noqa: E402
 
 PREVIOUS_DEFAULT = ["model.est.num_steerable_experts=1", "model.est.projections=points", "model.est.mlp_ratio=4",
                     "model.est.grid.kind=design", "model.est.grid.degree={t3}", "model.est.steerable_grid.kind=design",
@@ -169,7 +169,6 @@ def trained_equivariance(trainer, rd: Path, model: str, data: str) -> dict[str, 
     molecule (``emt``), the four properties of a test molecule (``qm9``, invariants)."""
     import torch
 
-    from est.testing import check_model
     from est.testing.check import load_model_for_check
     from est.testing.toy_models import example_molecule
     from study_equivariance_training import untied_slab
@@ -178,53 +177,20 @@ def trained_equivariance(trainer, rd: Path, model: str, data: str) -> dict[str, 
     subject = fe.fairchem_callable(net) if model == "fairchem" else net
     if data == "emt":
         slab, _, _ = untied_slab(trainer.datasets["val"][0], trainer.model_cfg, 0.05)
-        samples, output = (("slab", slab), ("molecule", example_molecule(8))), "forces"
-    else:
-        samples, output = (("molecule", trainer.datasets["test"][0]),), "properties"
-    out = {"output": output}
-    for name, sample in samples:
-        rep = check_model(subject, sample, checks=["rotation"], num_rotations=6, refine_steps=6, name=f"{model}/{name}")
-        rows = [r for r in rep.rows if r.output == output and r.expected]
-        out[name] = max(r.max_rel for r in rows)
-        print(f"[accuracy] {model} trained {output} rotation error on the {name}: {out[name]:.2e}", flush=True)
-    return out
+        return trained_rotation_error(subject, (("slab", slab), ("molecule", example_molecule(8))), "forces", model)
+    return trained_rotation_error(subject, (("molecule", trainer.datasets["test"][0]),), "properties", model)
 
 
 # ------------------------------------------------------------------ driver
 def launch(jobs: list[tuple[str, str, int]], root: Path, extra: list[str], parallel: int, fresh: bool = False) -> None:
     """Run the missing (data, model, seed) jobs as subprocesses, ``parallel`` at a time."""
-    pending = list(jobs)
-    running: list[tuple[subprocess.Popen, tuple, Any]] = []
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", EST_FAIRCHEM_REEXEC="1")
-    while pending or running:
-        while pending and len(running) < parallel:
-            job = pending.pop(0)
-            rd = run_dir(root, *job)
-            if (rd / "result.json").exists() and not fresh:  # finished meanwhile (another driver)
-                continue
-            rd.mkdir(parents=True, exist_ok=True)
-            log = open(rd / "study.log", "w")
-            cmd = [sys.executable, __file__, "--one", *map(str, job), "--root", str(root), "--extra", *extra]
-            running.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), job, log))
-            print(f"[accuracy] started {job} (log {rd / 'study.log'})", flush=True)
-        time.sleep(2)
-        for proc, job, log in list(running):
-            if proc.poll() is not None:
-                log.close()
-                running.remove((proc, job, log))
-                state = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}, see its study.log)"
-                print(f"[accuracy] {job} {state}", flush=True)
+    common.launch(jobs, command=lambda job: [sys.executable, __file__, "--one", *map(str, job), "--root", str(root), "--extra", *extra],
+                  run_dir=lambda job: run_dir(root, *job), parallel=parallel, fresh=fresh,
+                  env={"EST_FAIRCHEM_REEXEC": "1"}, tag="accuracy")
 
 
 def load_results(root: Path, data_sets, models, seeds) -> dict[str, dict[str, list[dict]]]:
-    out: dict[str, dict[str, list[dict]]] = {}
-    for data in data_sets:
-        for model in models:
-            for seed in seeds:
-                f = run_dir(root, data, model, seed) / "result.json"
-                if f.exists():
-                    out.setdefault(data, {}).setdefault(model, []).append(json.loads(f.read_text()))
-    return out
+    return common.load_results([(d, m, s) for d in data_sets for m in models for s in seeds], lambda job: run_dir(root, *job))
 
 
 def tables(results: dict[str, dict[str, list[dict]]]) -> dict[str, str]:

@@ -18,7 +18,8 @@ by the tables named NAME (``accuracy-qm9``, ``accuracy-emt``,
 ``accuracy-equivariance``, ``ablation-qm9``, ``ablation-emt``, and the same
 with a ``grid18-`` prefix for ``accuracy_grid18.json``), so the README shows
 exactly what the JSON holds; ``expressivity.json`` (``study_expressivity.py``)
-gives the blocks ``expressivity-rotsym``, ``-kchain`` and ``-counterexample``.
+gives the blocks ``expressivity-rotsym``, ``-kchain`` and ``-counterexample``; ``forces.json``
+(``study_forces.py``) the blocks ``forces-<molecule>`` and ``forces-<molecule>-time``.
 
     python benchmarks/summary.py [--docs] [--no-plots]
 """
@@ -63,7 +64,8 @@ def load(name: str) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def _ms(vals: list[float], scale: float) -> str:
+def mean_sd(vals: list[float], scale: float = 1.0) -> str:
+    """``mean ± sd`` of ``vals * scale`` (nan dropped; one value alone; ``-`` for none)."""
     vals = [v * scale for v in vals if not math.isnan(v)]
     if not vals:
         return "-"
@@ -74,14 +76,14 @@ def _ms(vals: list[float], scale: float) -> str:
     return f"{m:.{digits}g} ± {statistics.stdev(vals):.2g}"
 
 
-def _table(rows: list[dict[str, Any]], cols: list[str]) -> str:
+def markdown_table(rows: list[dict[str, Any]], cols: list[str]) -> str:
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
     return "\n".join(lines)
 
 
 def paired(recs: list[dict], base: list[dict], key: str) -> tuple[list[float], int]:
-    """Per-seed ratios model / fairchem of ``key`` (same seed), and how many are below 1."""
+    """Per-seed ratios ``recs`` / ``base`` (e.g. fairchem) of ``metrics[key]`` (same seed), and how many are below 1."""
     by_seed = {r["seed"]: r["metrics"][key] for r in base}
     ratios = [r["metrics"][key] / by_seed[r["seed"]] for r in recs if r["seed"] in by_seed]
     return ratios, sum(x < 1 for x in ratios)
@@ -104,7 +106,7 @@ def accuracy_tables(acc: dict[str, Any]) -> dict[str, str]:
                     recs = [r for r in recs if r["seed"] == 0]  # ablations ran seed 0 only
                 row = {"model": LABELS.get(model, model), "seeds": len(recs)}
                 for title, key, scale in METRICS[data]:
-                    row[title] = _ms([r["metrics"].get(key, float("nan")) for r in recs], scale)
+                    row[title] = mean_sd([r["metrics"].get(key, float("nan")) for r in recs], scale)
                 if base:
                     ratios, wins = paired(recs, base, PRIMARY[data])
                     if ratios:
@@ -114,12 +116,12 @@ def accuracy_tables(acc: dict[str, Any]) -> dict[str, str]:
             if kind == "accuracy":
                 mp = per_model[names[0]][0]["metrics"]
                 rows.append({"model": "mean predictor", "seeds": "", **{
-                    title: _ms([mp.get("base_" + key, float("nan"))], scale) for title, key, scale in METRICS[data]
+                    title: mean_sd([mp.get("base_" + key, float("nan"))], scale) for title, key, scale in METRICS[data]
                     if key != "efwt"}})
             cols = []
             for r in rows:
                 cols += [c for c in r if c not in cols]
-            out[f"{kind}-{data}"] = _table(rows, cols)
+            out[f"{kind}-{data}"] = markdown_table(rows, cols)
         for model, recs in per_model.items():
             eq = [r["equivariance"] for r in recs if "equivariance" in r]
             if not eq:
@@ -134,7 +136,7 @@ def accuracy_tables(acc: dict[str, Any]) -> dict[str, str]:
                         row["max error / fairchem's"] = f"{max(vals) / max(max(b), 1e-300):.2g}"
                 eq_rows.append(row)
     if eq_rows:
-        out["accuracy-equivariance"] = _table(eq_rows, ["data", "model", "output", "sample", "seeds", "max rel. error",
+        out["accuracy-equivariance"] = markdown_table(eq_rows, ["data", "model", "output", "sample", "seeds", "max rel. error",
                                                         "median", "max error / fairchem's"])
     return out
 
@@ -241,6 +243,14 @@ def main(argv=None) -> int:
         for name, tbl in expressivity_tables(expr, echo=False).items():
             blocks[f"expressivity-{name}"] = tbl
             sections += ["", f"## expressivity-{name} (`study_expressivity.py`)", "", tbl]
+    forces = load("forces")
+    if forces:
+        sys.path.insert(0, str(HERE))
+        from study_forces import tables as forces_tables
+
+        for name, tbl in forces_tables(forces["runs"], clock=forces.get("clock", "cpu")).items():
+            blocks[name] = tbl
+            sections += ["", f"## {name} (`study_forces.py`, {forces.get('clock', 'cpu')} clock)", "", tbl]
     gpu = load("vs_fairchem_gpu_s2ef")
     if gpu and gpu.get("table"):
         sections += ["", "## vs_fairchem_gpu_s2ef (`gpu_s2ef.py`)", "", gpu["table"]]

@@ -164,8 +164,9 @@ def _run_child(argv: Sequence[str], *, env: Dict[str, str], log: str | os.PathLi
 
 
 # ----------------------------------------------------------------------------- export (est side)
-def export_xyz(lmdb_path: str | os.PathLike, out: str | os.PathLike, *, limit: Optional[int] = None) -> Dict[str, Any]:
-    """Write an est OC20-layout LMDB (file or folder) as extended XYZ for MACE.
+def export_xyz(lmdb_path: str | os.PathLike, out: str | os.PathLike, *, limit: Optional[int] = None,
+               start: int = 0) -> Dict[str, Any]:
+    """Write an est OC20-layout LMDB (file or folder), or its samples ``start .. start + limit - 1``, as extended XYZ for MACE.
 
     Per frame: positions (A), atomic numbers, ``info[REF_energy]`` (eV),
     ``arrays[REF_forces]`` (eV/A), ``info[sid]``/``info[fid]``; the cell and
@@ -179,11 +180,13 @@ def export_xyz(lmdb_path: str | os.PathLike, out: str | os.PathLike, *, limit: O
     from est.data import LmdbDataset
 
     ds = LmdbDataset(lmdb_path)
-    n = len(ds) if limit is None else min(int(limit), len(ds))
-    if n == 0:
-        raise ValueError(f"{lmdb_path}: no samples to export")
+    if not 0 <= start < len(ds):
+        raise ValueError(f"{lmdb_path}: start={start} outside its {len(ds)} samples")
+    n = len(ds) - start if limit is None else min(int(limit), len(ds) - start)
+    if n <= 0:
+        raise ValueError(f"{lmdb_path}: no samples to export (limit={limit})")
     frames = []
-    for i in range(n):
+    for i in range(start, start + n):
         s = ds[i]
         if getattr(s, "energy", None) is None or getattr(s, "forces", None) is None:
             raise ValueError(f"{lmdb_path} sample {i}: no energy/forces; MACE training needs both (S2EF frames)")
@@ -497,6 +500,7 @@ def evaluate(model: str, xyz: str, *, dtype: str = "float64") -> Dict[str, Any]:
     out = force_metrics(e_pred, e_ref, n, np.concatenate(fp), np.concatenate(fr))
     out["seconds"], out["cpu_s"] = round(time.perf_counter() - t0, 3), round(time.process_time() - c0, 3)
     out["model"], out["xyz"], out["dtype"] = str(model), str(xyz), dtype
+    out["params"] = int(sum(p.numel() for m in calc.models for p in m.parameters()))
     return out
 
 
@@ -600,6 +604,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     e.add_argument("--lmdb", required=True)
     e.add_argument("--out", required=True)
     e.add_argument("--limit", type=int, default=None)
+    e.add_argument("--start", type=int, default=0, help="first sample exported")
 
     t = sub.add_parser("train", help="MACE's run_train under the MACE venv (resumable)")
     t.add_argument("--train", required=True)
@@ -635,7 +640,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
 
     if args.command == "export":
-        result = export_xyz(args.lmdb, args.out, limit=args.limit)
+        result = export_xyz(args.lmdb, args.out, limit=args.limit, start=args.start)
     elif args.command == "train":
         cfg = MaceTrainConfig(**{k: getattr(args, k) for k in asdict(defaults)})
         result = train(cfg, train_xyz=args.train, test_xyz=args.test, run_dir=args.run_dir, valid_xyz=args.valid)

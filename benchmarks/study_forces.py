@@ -1,0 +1,651 @@
+#!/usr/bin/env python
+r"""Forces where angles matter: est's EquiformerV2 vs EST vs MACE on GFN2-xTB molecular dynamics frames.
+
+Data (``python -m est.data.xtb``, issue 17): per molecule, 2,000 training and
+500 test frames of Langevin MD at 500 K labelled with GFN2-xTB total energies
+(eV) and forces (eV/A), OC20-layout LMDB folders ``DATA/<molecule>/{train,test}``
+plus the GFN2-xTB minimum ``DATA/<molecule>/relaxed.npz``. Every model sees the
+same frames: the last ``val_frames`` (100) of the training trajectory are held
+out for validation (learning curves, checkpoint choice), the rest is training,
+the whole test trajectory is the test set. (The ``mixed`` split is not used: the
+S2EF trainer normalises all energies with one mean and std, without per-element
+references, which molecules hundreds of eV apart do not survive.)
+
+Models (est models: the ``eqv2-tiny`` shape, 2 layers, L = 3, m = 2, 32
+channels, cutoff 5 A, every neighbour, no periodic images, conservative forces
+``F = -dE/dx`` with the polynomial envelope, so the energy is smooth for MD):
+
+* ``est-ffn``      est's EquiformerV2 (``update="ffn"``), the reference row,
+* ``est-default``  the EST block, default preset (on main: the spherical
+  Transformer only, linear maps on the irreps; the issue's "spherical experts
+  only" row is this model, so it is not run twice),
+* ``est-paper``    the EST paper's module preset,
+* ``est-half``     ``est-default`` at half the width (channels, attention and
+  feed-forward hidden channels halved): the paper's "small EST beats larger models",
+* ``mace``         MACE 0.3.16 (``benchmarks/baseline/mace_baseline.py``, its own
+  venv and training entry point: 2 layers, 64 channels, L = 2, correlation 3,
+  r_max 5 A, its loss weights, float64), on the same frames and batch size.
+
+Budget, two ways: equal optimisation steps (1,500 steps of 16 frames, 5x
+``study_accuracy.py``'s 225 ... 316; MACE counts whole epochs, so it runs up to
+one epoch more) and equal time on one thread: every model records its learning
+curve, validation force MAE vs steps and vs seconds of optimisation
+(evaluations and start-up excluded), and the equal-time table reads two
+curves at the same second T = the shorter of the two runs (linear
+interpolation between evaluations). On a shared machine wall seconds depend on
+the load, so the default clock is CPU seconds (one thread: the wall-clock of an
+idle core); MACE logs wall seconds per step only, scaled by its run's CPU/wall
+ratio (``--clock wall`` uses wall seconds for all). The learning-rate schedule
+follows the step budget, so a curve read before its end is mid-schedule: the
+faster model of a pair is compared at the end of its schedule.
+
+Metrics on the test set (best-validation EMA weights; one definition for est
+and MACE, ``mace_baseline.force_metrics``): energy MAE (meV/atom), force MAE
+(meV/A), force cosine. est models also get the rotation error of the trained
+forces in float64 (``est.testing.check_model``, a test frame). NVE MD
+(``mace_baseline.nve_md``, velocity Verlet, 0.5 fs, float64) from the GFN2-xTB
+minimum with 300 K Maxwell-Boltzmann velocities (MD seed = run seed) through
+``ESTCalculator`` or MACE's calculator, ``--md-ps`` long (10 ps): energy drift
+(slope of E_total, meV/atom/ps) and intact (no bond ever > 1.5x its length at
+the minimum).
+
+Tables (``tables``, also rendered by ``summary.py`` into ``<!-- summary:forces-<molecule> -->``
+and ``forces-<molecule>-time``): per molecule, models x metrics, mean ± sd
+over seeds, per-seed ratios to est's EquiformerV2 and to MACE (paired by seed);
+the issue's target is EST default force MAE <= 0.90x EquiformerV2 at equal time.
+Plots: ``benchmarks/results/plots/forces_<molecule>.png`` (curves vs steps and
+vs seconds, one line per seed).
+
+Each (molecule, model, seed) is one subprocess with one thread, ``--jobs`` at
+a time, in ``ROOT/<molecule>/<model>-s<seed>/``; it resumes a killed run
+(est: the trainer's ``last.pt`` and ``curve.jsonl``; MACE: its own checkpoint;
+test metrics, equivariance and MD are kept in their own JSON files) and is
+skipped once ``result.json`` exists (delete the folder to rerun it). The
+budget of a root is fixed by its first call (``ROOT/budget.json``).
+
+    python benchmarks/study_forces.py --data-dir DATA                 # 4 molecules x 5 models x 3 seeds
+    python benchmarks/study_forces.py --data-dir DATA --molecules ethanol --models est-ffn est-default --seeds 0
+    python benchmarks/study_forces.py --data-dir DATA --quick --molecules ethanol   # smoke run (ROOT/quick), with
+                                                                      # the projected CPU hours of the full runs
+    python benchmarks/study_forces.py --tables-only                   # tables and plots from the stored runs
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "baseline"))
+
+import common  # noqa: E402
+import mace_baseline as mb  # noqa: E402
+from summary import markdown_table, mean_sd, paired  # noqa: E402
+
+MOLECULES = ("ethanol", "malonaldehyde", "aspirin", "paracetamol")
+#: every est model: the shape and the physics (conservative forces, smooth cutoff, isolated molecules)
+SHAPE = ["model=eqv2_tiny", "model.regress_forces=gradient", "model.envelope=polynomial", "model.max_neighbors=null",
+         "model.use_pbc=false", "model.cutoff=5.0", "model.avg_num_nodes=auto", "model.avg_degree=auto"]
+#: eqv2-tiny's widths halved (32 -> 16 channels and attention hidden channels, 64 -> 32 feed-forward hidden)
+HALF = ["model.channels=16", "model.attn_hidden_channels=16", "model.ffn_hidden_channels=32"]
+MACE = "mace"
+#: model label -> overrides on top of SHAPE (``mace``: the MACE baseline, no overrides)
+MODELS: dict[str, list[str]] = {
+    "est-ffn": ["model.update=ffn"],
+    "est-default": ["model.update=est", "model.est.preset=default"],
+    "est-paper": ["model.update=est", "model.est.preset=paper"],
+    "est-half": ["model.update=est", "model.est.preset=default", *HALF],
+    MACE: [],
+}
+LABELS = {"est-ffn": "est EquiformerV2 (`update=\"ffn\"`)", "est-default": "est EST default (spherical Transformer only)",
+          "est-paper": "est EST (paper preset)", "est-half": "est EST default, half width", MACE: "MACE (L=2, 64 ch)"}
+REFERENCE = "est-ffn"
+#: issue 17: EST default force MAE <= 0.90x est's EquiformerV2 at equal time (paired seeds)
+TARGET = ("est-default", 0.90)
+#: --clock -> the curve key holding that clock's seconds
+CLOCKS = {"cpu": "cpu_seconds", "wall": "seconds"}
+CURVE_KEY = "forces_mae_meV_A"
+
+
+@dataclass(kw_only=True, frozen=True)
+class Budget:
+    """Data, training and MD budget of one run (identical for every model of a root)."""
+
+    steps: int = 1500
+    batch_size: int = 16
+    eval_every: int = 50
+    #: validation frames: the last ones of the training trajectory
+    val_frames: int = 100
+    #: training frames (the first ones); None: all but the validation frames
+    train_frames: int | None = None
+    #: test frames (the first ones); None: all
+    test_frames: int | None = None
+    md_ps: float = 10.0
+    md_timestep_fs: float = 0.5
+    md_temperature_K: float = 300.0
+
+    @property
+    def md_steps(self) -> int:
+        return int(round(1000.0 * self.md_ps / self.md_timestep_fs))
+
+    @property
+    def md_every(self) -> int:
+        """Record the MD energy every this many steps (at most about 2,000 records)."""
+        return max(1, self.md_steps // 2000)
+
+
+FULL = Budget()
+QUICK = Budget(steps=12, eval_every=4, val_frames=16, train_frames=48, test_frames=32, md_ps=0.1)
+
+
+def split_indices(n_train_file: int, budget: Budget) -> tuple[list[int], list[int]]:
+    """(training, validation) indices into the training trajectory: validation is its last ``val_frames``."""
+    n_val = budget.val_frames
+    n_train = n_train_file - n_val if budget.train_frames is None else budget.train_frames
+    if n_val < 1 or n_train < budget.batch_size or n_train + n_val > n_train_file:
+        raise ValueError(f"{n_train_file} training frames cannot hold {n_train} for training (at least one batch of "
+                         f"{budget.batch_size}) and {n_val} for validation. Fix: lower train_frames / val_frames")
+    return list(range(n_train)), list(range(n_train_file - n_val, n_train_file))
+
+
+def run_dir(root: Path, molecule: str, model: str, seed: int) -> Path:
+    return Path(root) / molecule / f"{model}-s{seed}"
+
+
+def cached(path: Path, compute: Callable[[], Any]) -> Any:
+    """``compute()``, kept in ``path`` (JSON) so that a rerun of the job reuses it."""
+    if path.exists():
+        return json.loads(path.read_text())
+    value = compute()
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value, indent=1, default=float))
+    os.replace(tmp, path)
+    return value
+
+
+# ------------------------------------------------------------------ curves (pure)
+def curve_end(curve: list[dict], clock: str) -> float:
+    """Seconds of a curve's last point (nan for an empty curve)."""
+    return float(curve[-1][CLOCKS[clock]]) if curve else math.nan
+
+
+def curve_value(curve: list[dict], t: float, *, clock: str = "cpu", key: str = CURVE_KEY) -> float:
+    """``key`` at ``t`` seconds of ``clock``: linear between evaluations; nan outside the curve."""
+    if not curve or math.isnan(t):
+        return math.nan
+    xs = np.array([p[CLOCKS[clock]] for p in curve], dtype=float)
+    ys = np.array([p[key] for p in curve], dtype=float)
+    eps = 1e-9 * max(1.0, abs(xs[-1]))
+    if t < xs[0] - eps or t > xs[-1] + eps:
+        return math.nan
+    return float(np.interp(t, xs, ys))
+
+
+def read_at(rec: dict, t: float, clock: str = "cpu") -> dict:
+    """``{"T", "value", "steps"}``: a run's validation force MAE and step count at ``t`` seconds."""
+    return {"T": t, "value": curve_value(rec["curve"], t, clock=clock), "steps": curve_value(rec["curve"], t, clock=clock, key="step")}
+
+
+def equal_time(recs: list[dict], base: list[dict], *, clock: str = "cpu") -> list[dict]:
+    """Per seed both have: ``read_at`` T = the earlier of the two curves' ends, plus ``"seed"``, ``"base"``, ``"ratio"``."""
+    by_seed = {b["seed"]: b for b in base}
+    out = []
+    for r in sorted(recs, key=lambda r: r["seed"]):
+        b = by_seed.get(r["seed"])
+        if b is None:
+            continue
+        t = min(curve_end(r["curve"], clock), curve_end(b["curve"], clock))
+        at, vb = read_at(r, t, clock), curve_value(b["curve"], t, clock=clock)
+        out.append(at | {"seed": r["seed"], "base": vb, "ratio": at["value"] / vb if vb > 0 else math.nan})
+    return out
+
+
+def _ratios(ratios: list[float]) -> str:
+    """``0.91 0.85 (2/2 lower)``; ``-`` for none, ``n/a`` for a ratio that could not be read (a curve not started at T)."""
+    if not ratios:
+        return "-"
+    shown = " ".join("n/a" if math.isnan(x) else f"{x:.2f}" for x in ratios)
+    read = [x for x in ratios if not math.isnan(x)]
+    return f"{shown} ({sum(x < 1 for x in read)}/{len(read)} lower)" if read else shown
+
+
+# ------------------------------------------------------------------ tables and plots (pure)
+def _order(per_model: dict[str, list[dict]]) -> list[str]:
+    return [m for m in MODELS if m in per_model] + [m for m in per_model if m not in MODELS]
+
+
+def tables(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> dict[str, str]:
+    """``forces-<molecule>`` (test metrics at equal steps, MD, equivariance) and
+    ``forces-<molecule>-time`` (validation force MAE at equal time, the issue's target)."""
+    out: dict[str, str] = {}
+    for molecule, per_model in results.items():
+        ref, mace = per_model.get(REFERENCE), per_model.get(MACE)
+        steps_rows, time_rows = [], []
+        for model in _order(per_model):
+            recs = sorted(per_model[model], key=lambda r: r["seed"])
+            met = [r["metrics"] for r in recs]
+            eq = [r["equivariance"][k] for r in recs if r.get("equivariance") for k in r["equivariance"] if k != "output"]
+            md = [r["md"] for r in recs if r.get("md")]
+            row = {"model": LABELS.get(model, model), "params": f"{recs[0]['params']:,}" if recs[0].get("params") else "-",
+                   "seeds": len(recs),
+                   "energy (meV/atom)": mean_sd([m["energy_mae_meV_atom"] for m in met]),
+                   "forces (meV/A)": mean_sd([m["forces_mae_meV_A"] for m in met]),
+                   "force cos": mean_sd([m["forces_cos"] for m in met]),
+                   "forces / EquiformerV2": "" if model == REFERENCE or not ref else _ratios(paired(recs, ref, "forces_mae_meV_A")[0]),
+                   "forces / MACE": "" if model == MACE or not mace else _ratios(paired(recs, mace, "forces_mae_meV_A")[0]),
+                   "CPU ms/step": mean_sd([r["cpu_ms_per_step"] for r in recs]),
+                   "rot. error (max)": f"{max(eq):.1e}" if eq else "-",
+                   "abs NVE drift (meV/atom/ps)": mean_sd([abs(d["drift_meV_atom_ps"]) for d in md]),
+                   "intact": f"{sum(bool(d['intact']) for d in md)}/{len(md)}" if md else "-"}
+            steps_rows.append(row)
+            # each row at the time it and EquiformerV2 both reached (per seed); the reference row at its own end
+            vs_ref = equal_time(recs, ref, clock=clock) if ref and model != REFERENCE else []
+            at = vs_ref or [read_at(r, curve_end(r["curve"], clock), clock) for r in recs]
+            time_rows.append({
+                "model": LABELS.get(model, model), "seeds": len(recs), f"T ({clock} s)": mean_sd([a["T"] for a in at]),
+                "steps at T": mean_sd([a["steps"] for a in at]),
+                "val forces at T (meV/A)": mean_sd([a["value"] for a in at]),
+                "/ EquiformerV2 at T": _ratios([a["ratio"] for a in vs_ref]),
+                "/ MACE at T": "" if model == MACE or not mace else _ratios([a["ratio"] for a in equal_time(recs, mace, clock=clock)]),
+            })
+        out[f"forces-{molecule}"] = markdown_table(steps_rows, list(steps_rows[0]))
+        text = markdown_table(time_rows, list(time_rows[0])) + (
+            f"\n\nValidation force MAE read off the learning curves at T {clock} seconds of optimisation (one thread): "
+            "per seed, T is the end of the shorter of the row's run and EquiformerV2's (EquiformerV2's row: its own end); "
+            "the MACE ratio is read at the shorter of the row's run and MACE's; n/a: a curve with no evaluation by then.")
+        target, bound = TARGET
+        if ref and target in per_model:
+            pairs = equal_time(per_model[target], ref, clock=clock)
+            ratios = [p["ratio"] for p in pairs if not math.isnan(p["ratio"])]
+            if ratios:
+                mean = statistics.fmean(ratios)
+                text += (f"\n\nTarget (issue 17): {target} / {REFERENCE} force MAE at equal {clock} time <= {bound:.2f}: "
+                         f"per seed {' '.join(f'{x:.2f}' for x in ratios)}, mean {mean:.2f}, "
+                         f"{sum(x <= bound for x in ratios)}/{len(ratios)} seeds within: "
+                         f"{'met' if mean <= bound else 'not met'}.")
+        out[f"forces-{molecule}-time"] = text
+    return out
+
+
+def plot_curves(results: dict[str, dict[str, list[dict]]], plots: Path, *, clock: str = "cpu") -> list[Path]:
+    """One PNG per molecule: validation force MAE vs steps and vs seconds, one line per (model, seed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plots.mkdir(parents=True, exist_ok=True)
+    written = []
+    for molecule, per_model in results.items():
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+        for i, model in enumerate(_order(per_model)):
+            for j, r in enumerate(sorted(per_model[model], key=lambda r: r["seed"])):
+                c = r["curve"]
+                if not c:
+                    continue
+                y = [p[CURVE_KEY] for p in c]
+                kw = dict(color=f"C{i}", lw=1.2, alpha=0.8, label=LABELS.get(model, model) if j == 0 else None)
+                axes[0].plot([p["step"] for p in c], y, **kw)
+                axes[1].plot([p[CLOCKS[clock]] for p in c], y, **kw)
+        for ax, xlabel in zip(axes, ("optimisation steps", f"optimisation {clock} seconds (one thread)")):
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("validation force MAE (meV/A)")
+            ax.set_yscale("log")
+            ax.grid(alpha=0.3, which="both")
+        axes[0].legend(fontsize=7)
+        fig.suptitle(f"{molecule} (GFN2-xTB): learning curves, one line per seed", fontsize=10)
+        fig.tight_layout()
+        path = plots / f"forces_{molecule}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def projection(results: dict[str, dict[str, list[dict]]], budget: Budget, *, test_frames: int = 500) -> str:
+    """Projected CPU hours of one run at ``budget`` from the measured CPU cost of a training step (steady,
+    between the first and last evaluations), an MD step and a test frame (validation and test passes)."""
+    rows = []
+    for molecule, per_model in results.items():
+        for model in _order(per_model):
+            for r in per_model[model]:
+                train_h = budget.steps * r["cpu_ms_per_step_steady"] / 3.6e6
+                md_ms = r["md"]["cpu_ms_per_step"]
+                md_h = budget.md_steps * md_ms / 3.6e6
+                frames = budget.steps // budget.eval_every * budget.val_frames + test_frames
+                eval_h = frames * r["metrics"]["cpu_s"] / r["metrics"]["frames"] / 3600.0
+                rows.append({"molecule": molecule, "model": model, "seed": r["seed"],
+                             "train CPU ms/step": f"{r['cpu_ms_per_step_steady']:.0f}", "MD CPU ms/step": f"{md_ms:.1f}",
+                             f"train h ({budget.steps} steps)": f"{train_h:.2f}", f"MD h ({budget.md_ps:g} ps)": f"{md_h:.2f}",
+                             f"evaluation h ({frames} frames)": f"{eval_h:.2f}", "run h": f"{train_h + md_h + eval_h:.2f}"})
+    return markdown_table(rows, list(rows[0])) if rows else ""
+
+
+# ------------------------------------------------------------------ data
+def molecule_dir(data_dir: Path, molecule: str) -> Path:
+    d = Path(data_dir) / molecule
+    missing = [p for p in (d / "train", d / "test", d / "relaxed.npz") if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"{', '.join(map(str, missing))} missing. Fix: generate the set with "
+                                f"`python -m est.data.xtb --out {data_dir} --molecules {molecule}` or pass --data-dir")
+    return d
+
+
+def relaxed_atoms(data_dir: Path, molecule: str):
+    """The GFN2-xTB minimum of ``molecule`` (no cell, not periodic): the MD start and the bond reference."""
+    from ase import Atoms
+
+    d = np.load(molecule_dir(data_dir, molecule) / "relaxed.npz")
+    atoms = Atoms(numbers=d["numbers"], positions=d["positions"], pbc=False)
+    atoms.info[mb.ENERGY_KEY] = float(d["energy"])
+    atoms.arrays[mb.FORCES_KEY] = np.asarray(d["forces"], dtype=float)
+    return atoms
+
+
+def est_datasets(data_dir: Path, molecule: str, budget: Budget) -> dict[str, Any]:
+    from est.data import LmdbDataset
+    from est.train.data import IndexSubset
+
+    d = molecule_dir(data_dir, molecule)
+    train_file, test_file = LmdbDataset(str(d / "train")), LmdbDataset(str(d / "test"))
+    train, val = split_indices(len(train_file), budget)
+    n_test = len(test_file) if budget.test_frames is None else min(budget.test_frames, len(test_file))
+    return {"train": IndexSubset(train_file, train), "val": IndexSubset(train_file, val),
+            "test": IndexSubset(test_file, range(n_test))}
+
+
+def mace_files(data_dir: Path, molecule: str, root: Path, budget: Budget) -> dict[str, str]:
+    """The same frames as extxyz for MACE (written once per root): train, valid, test, relaxed."""
+    from ase.io import write
+
+    d = molecule_dir(data_dir, molecule)
+    out = Path(root) / "data" / molecule
+    files = {k: str(out / f"{k}.xyz") for k in ("train", "valid", "test", "relaxed")}
+    if all(Path(f).exists() for f in files.values()):
+        return files
+    from est.data import LmdbDataset
+
+    train, val = split_indices(len(LmdbDataset(str(d / "train"))), budget)
+    mb.export_xyz(d / "train", files["train"], limit=len(train))
+    mb.export_xyz(d / "train", files["valid"], start=val[0], limit=len(val))
+    mb.export_xyz(d / "test", files["test"], limit=budget.test_frames)
+    write(files["relaxed"], relaxed_atoms(data_dir, molecule), format="extxyz")
+    return files
+
+
+# ------------------------------------------------------------------ one est run (subprocess)
+def est_overrides(model: str, data_dir: Path, molecule: str, seed: int, rd: Path, budget: Budget) -> list[str]:
+    """``python train.py`` overrides of one est run (the datasets themselves are passed to the trainer)."""
+    d = Path(data_dir) / molecule
+    return [*SHAPE, *MODELS[model], "data=oc20_s2ef", f"data.train_path={d / 'train'}", f"data.val_path={d / 'train'}",
+            f"data.test_path={d / 'test'}", f"data.batch_size={budget.batch_size}", "data.eval_batch_size=32",
+            "data.num_workers=0", f"trainer.max_steps={budget.steps}", "trainer.max_epochs=100000",
+            f"trainer.warmup_steps={max(1, budget.steps // 30)}", f"trainer.eval_every={budget.eval_every}",
+            "trainer.lr=5e-4", "trainer.ema_decay=0.99", "trainer.energy_coefficient=2.0", "trainer.force_coefficient=100.0",
+            "trainer.monitor=forces_mae", "trainer.final_splits=[]", f"trainer.log_every={budget.eval_every}",
+            "trainer.resume=auto", "trainer.progress=false", "trainer.tensorboard=false", "trainer.plots=false",
+            f"seed={seed}", f"run_dir={rd}", f"name=forces-{molecule}-{model}"]
+
+
+class TrainingClock:
+    """Optimisation seconds of an ``est.train.Trainer`` (wall and CPU), evaluations excluded.
+
+    Wraps the trainer's public ``evaluate`` and ``on_step_end``: each validation
+    evaluation adds a learning-curve point ``{"step", "seconds", "cpu_seconds",
+    forces_mae_meV_A, energy_mae_meV_atom, forces_cos}`` timed when it starts;
+    the time from there to the end of that step (evaluation, checkpoint writes)
+    is not counted. Points are appended to ``path`` (JSON lines) as they come;
+    a resumed trainer keeps the points up to its step and continues the clock
+    from the last one (steps after it, saved at an interruption, are counted at
+    the mean rate so far).
+    """
+
+    def __init__(self, trainer, path: Path, natoms: int):
+        self.trainer, self.path, self.natoms = trainer, Path(path), natoms
+        old = [json.loads(x) for x in self.path.read_text().splitlines() if x.strip()] if self.path.exists() else []
+        self.points = [p for p in old if p["step"] <= trainer.step]
+        self.path.write_text("".join(json.dumps(p) + "\n" for p in self.points))
+        self.offset = (0.0, 0.0)
+        if self.points:
+            last = self.points[-1]
+            scale = trainer.step / last["step"]
+            self.offset = (last["seconds"] * scale, last["cpu_seconds"] * scale)
+        self._evaluate = trainer.evaluate
+        trainer.evaluate = self._timed_evaluate
+        trainer.on_step_end = self._step_end
+        self._start = self._paused = None
+        self.excluded = [0.0, 0.0]
+
+    @staticmethod
+    def _now() -> tuple[float, float]:
+        return time.perf_counter(), time.process_time()
+
+    def start(self) -> None:
+        self._start = self._now()
+
+    def elapsed(self) -> tuple[float, float]:
+        """(wall, CPU) optimisation seconds so far."""
+        now = self._paused or self._now()
+        return tuple(self.offset[i] + now[i] - self._start[i] - self.excluded[i] for i in range(2))
+
+    def _resume(self) -> None:
+        if self._paused is not None:
+            now = self._now()
+            self.excluded = [self.excluded[i] + now[i] - self._paused[i] for i in range(2)]
+            self._paused = None
+
+    def _step_end(self, trainer) -> None:
+        self._resume()
+
+    def _timed_evaluate(self, split: str = "val", **kw):
+        if split != "val" or kw.get("module") is not None or kw.get("collect") or self._start is None:
+            return self._evaluate(split, **kw)
+        wall, cpu = self.elapsed()
+        self._paused = self._now()
+        m = self._evaluate(split, **kw)
+        point = {"step": self.trainer.step, "seconds": wall, "cpu_seconds": cpu,
+                 "forces_mae_meV_A": 1000.0 * m["forces_mae"], "energy_mae_meV_atom": 1000.0 * m["energy_mae"] / self.natoms,
+                 "forces_cos": m["forces_cos"]}
+        self.points.append(point)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(point) + "\n")
+        return m
+
+    def stop(self) -> tuple[float, float]:
+        self._resume()
+        return self.elapsed()
+
+
+def steady_ms_per_step(curve: list[dict], key: str = "cpu_seconds") -> float:
+    """Milliseconds per step between the first and the last curve point (start-up and first steps excluded)."""
+    if len(curve) < 2:
+        return 1000.0 * curve[-1][key] / curve[-1]["step"] if curve else math.nan
+    return 1000.0 * (curve[-1][key] - curve[0][key]) / (curve[-1]["step"] - curve[0]["step"])
+
+
+def run_est(molecule: str, model: str, seed: int, rd: Path, data_dir: Path, budget: Budget) -> dict[str, Any]:
+    import torch
+
+    from est.calculators import ESTCalculator
+    from est.testing.check import load_model_for_check
+    from est.train import Trainer, load_config, load_trained_model
+
+    torch.set_num_threads(1)
+    datasets = est_datasets(data_dir, molecule, budget)
+    natoms = int(datasets["train"][0].natoms)
+    cli = est_overrides(model, data_dir, molecule, seed, rd, budget)
+    print(f"[forces] {molecule}/{model}/seed {seed}: python train.py {' '.join(cli)}", flush=True)
+    trainer = Trainer(load_config(cli), datasets=datasets)
+    clock = TrainingClock(trainer, rd / "curve.jsonl", natoms)
+    t0 = time.perf_counter()
+    clock.start()
+    status = trainer.fit()
+    wall, cpu = clock.stop()
+    if status != "finished":
+        raise SystemExit(f"[forces] {rd}: training interrupted at step {trainer.step}; run the study again to resume")
+    val_eval_wall_s = max(time.perf_counter() - t0 - wall, 0.0)  # validation passes and start-up (of this call)
+    best = rd / "best.pt"
+
+    def test_metrics() -> dict:
+        net, _ = load_trained_model(str(best))
+        c0 = time.process_time()
+        _, p = trainer.evaluate("test", module=net, collect=True)
+        m = mb.force_metrics(p["energy_pred"], p["energy_true"], p["natoms"], p["forces_pred"], p["forces_true"])
+        return m | {"cpu_s": time.process_time() - c0}
+
+    def equivariance() -> dict:
+        net = load_model_for_check(checkpoint=str(best), dtype=torch.float64).eval()
+        return common.trained_rotation_error(net, (("test frame", datasets["test"][0]),), "forces", model)
+
+    def md() -> dict:
+        start = relaxed_atoms(data_dir, molecule)
+        calc = ESTCalculator(checkpoint=str(best), dtype=torch.float64)
+        return mb.nve_md(start, calc, steps=budget.md_steps, timestep_fs=budget.md_timestep_fs,
+                         temperature_K=budget.md_temperature_K, seed=seed, reference=start, every=budget.md_every)
+
+    metrics = cached(rd / "test.json", test_metrics)
+    eq = cached(rd / "equivariance.json", equivariance)
+    md_result = cached(rd / "md.json", md)
+    curve = clock.points
+    return dict(molecule=molecule, model=model, seed=seed, kind="est", overrides=cli, steps=trainer.step,
+                params=sum(p.numel() for p in trainer.module.parameters()), train_wall_s=wall, train_cpu_s=cpu,
+                cpu_ms_per_step=1000.0 * cpu / max(trainer.step, 1), cpu_ms_per_step_steady=steady_ms_per_step(curve),
+                val_eval_wall_s=val_eval_wall_s, curve=curve, metrics=metrics, equivariance=eq, md=md_result,
+                model_config=trainer.model_cfg)
+
+
+# ------------------------------------------------------------------ one MACE run (subprocess)
+def run_mace(molecule: str, seed: int, rd: Path, data_dir: Path, root: Path, budget: Budget, dtype: str) -> dict[str, Any]:
+    from est.data import LmdbDataset
+
+    files = mace_files(data_dir, molecule, root, budget)
+    n_train = len(split_indices(len(LmdbDataset(str(molecule_dir(data_dir, molecule) / "train"))), budget)[0])
+    cfg = mb.MaceTrainConfig(seed=seed, threads=1, batch_size=budget.batch_size, default_dtype=dtype)
+    cfg = replace(cfg, epochs=cfg.epochs_for_steps(budget.steps, n_train, valid_given=True))
+    print(f"[forces] {molecule}/mace/seed {seed}: {cfg.epochs} epochs of {cfg.steps_per_epoch(n_train, valid_given=True)} "
+          f"steps, {dtype}", flush=True)
+    rec = mb.train(cfg, train_xyz=files["train"], test_xyz=None, valid_xyz=files["valid"], run_dir=str(rd / "mace"))
+    ratio = rec["cpu_s"] / max(rec["wall_s"], 1e-9)  # MACE logs wall seconds per step only
+    curve = [{"step": c["steps"], "seconds": c["opt_seconds"], "cpu_seconds": c["opt_seconds"] * ratio,
+              "forces_mae_meV_A": c["forces_mae_meV_A"], "energy_mae_meV_atom": c["energy_mae_meV_atom"]}
+             for c in rec["curve"]]
+    metrics = cached(rd / "test.json", lambda: mb.run_in_venv("evaluate", "--model", rec["model"], "--xyz", files["test"],
+                                                              "--dtype", dtype))
+    md_result = cached(rd / "md.json", lambda: mb.run_in_venv(
+        "md", "--model", rec["model"], "--xyz", files["relaxed"], "--steps", str(budget.md_steps),
+        "--timestep-fs", str(budget.md_timestep_fs), "--temperature", str(budget.md_temperature_K), "--seed", str(seed),
+        "--every", str(budget.md_every), "--dtype", dtype))
+    steps = curve[-1]["step"] if curve else 0
+    opt_cpu = rec.get("opt_s_total", 0.0) * ratio
+    return dict(molecule=molecule, model=MACE, seed=seed, kind="mace", steps=steps, params=metrics.get("params"),
+                train_wall_s=rec.get("opt_s_total"), train_cpu_s=opt_cpu, run_wall_s=rec["wall_s"], run_cpu_s=rec["cpu_s"],
+                cpu_ms_per_step=1000.0 * opt_cpu / max(steps, 1), cpu_ms_per_step_steady=steady_ms_per_step(curve),
+                curve=curve, metrics=metrics,
+                equivariance=None, md=md_result, mace_config=rec["config"], mace_version=rec.get("mace_version"))
+
+
+# ------------------------------------------------------------------ driver
+def check_budget(root: Path, budget: Budget) -> None:
+    """A root holds runs of one budget: the first call writes ``budget.json``, later calls must match it."""
+    path = Path(root) / "budget.json"
+    if path.exists():
+        old = json.loads(path.read_text())
+        if old != asdict(budget):
+            diff = ", ".join(f"{k}: {old.get(k)} -> {v}" for k, v in asdict(budget).items() if old.get(k) != v)
+            raise SystemExit(f"[forces] {root} holds runs with another budget ({diff}). Fix: pass another --root")
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(budget), indent=1))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data-dir", default=os.environ.get("EST_XTB_DIR", str(REPO / "runs" / "data" / "xtb")),
+                   help="the GFN2-xTB set (python -m est.data.xtb --out DIR); default $EST_XTB_DIR or runs/data/xtb")
+    p.add_argument("--molecules", nargs="+", default=list(MOLECULES), choices=list(MOLECULES))
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
+    p.add_argument("--root", default=str(REPO / "runs" / "forces"))
+    p.add_argument("--quick", action="store_true", help="smoke run: 12 steps on 48 frames, 0.1 ps MD, in ROOT/quick")
+    p.add_argument("--md-ps", type=float, default=None, help="NVE length in ps (default 10; quick 0.1)")
+    p.add_argument("--mace-dtype", default="float64", choices=["float64", "float32"])
+    p.add_argument("--clock", default="cpu", choices=list(CLOCKS), help="seconds of the equal-time comparison")
+    p.add_argument("--tables-only", action="store_true", help="no training: tables and plots from the stored runs")
+    p.add_argument("--one", nargs=3, metavar=("MOLECULE", "MODEL", "SEED"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    budget = QUICK if args.quick else FULL
+    if args.md_ps is not None:
+        budget = replace(budget, md_ps=args.md_ps)
+    root = Path(args.root) / "quick" if args.quick else Path(args.root)
+    data_dir = Path(args.data_dir)
+
+    if args.one:
+        molecule, model, seed = args.one[0], args.one[1], int(args.one[2])
+        rd = run_dir(root, molecule, model, seed)
+        t0, c0 = time.perf_counter(), time.process_time()
+        load0 = os.getloadavg()[0]
+        rec = (run_mace(molecule, seed, rd, data_dir, root, budget, args.mace_dtype) if model == MACE
+               else run_est(molecule, model, seed, rd, data_dir, budget))
+        rec.update(wall_s=time.perf_counter() - t0, process_cpu_s=time.process_time() - c0, loadavg=[load0, os.getloadavg()[0]],
+                   budget=asdict(budget))
+        (rd / "result.json").write_text(json.dumps(rec, indent=1, default=str))
+        return 0
+
+    t0 = time.perf_counter()
+    jobs = [(m, model, s) for s in args.seeds for m in args.molecules for model in args.models]
+    if not args.tables_only:
+        check_budget(root, budget)
+        if MACE in args.models and not mb.available():
+            print(f"[forces] {mb.MISSING} ({mb.venv_python()})", flush=True)
+            jobs = [j for j in jobs if j[1] != MACE]
+        for molecule in args.molecules:
+            try:
+                molecule_dir(data_dir, molecule)
+            except FileNotFoundError as exc:
+                raise SystemExit(f"[forces] {exc}") from None
+            if any(j[1] == MACE for j in jobs):
+                mace_files(data_dir, molecule, root, budget)
+        common.launch(jobs, command=lambda job: [sys.executable, __file__, "--one", *map(str, job), "--root", args.root,
+                                                 "--data-dir", str(data_dir), "--mace-dtype", args.mace_dtype,
+                                                 *(["--quick"] if args.quick else []),
+                                                 *(["--md-ps", str(args.md_ps)] if args.md_ps is not None else [])],
+                      run_dir=lambda job: run_dir(root, *job), parallel=args.jobs, tag="forces")
+    results = common.load_results(jobs, lambda job: run_dir(root, *job))
+    text = tables(results, clock=args.clock)
+    for name, tbl in text.items():
+        print(f"### {name}\n\n{tbl}\n", flush=True)
+    if not results:
+        return 0
+    if args.quick:
+        print(f"### projected CPU time of one full run ({FULL.steps} steps, {FULL.md_ps:g} ps MD)\n\n"
+              f"{projection(results, FULL)}\n", flush=True)
+    plots = plot_curves(results, (root if args.quick else common.RESULTS) / "plots", clock=args.clock)
+    payload = dict(description=__doc__.split("\n\n")[0], shape=SHAPE, models=MODELS, budget=asdict(budget),
+                   seeds=args.seeds, clock=args.clock, data_dir=str(data_dir), mace_dtype=args.mace_dtype,
+                   wall_s=time.perf_counter() - t0, runs=results, tables=text)
+    manifest = data_dir / "manifest.json"
+    if manifest.exists():
+        payload["data_manifest"] = json.loads(manifest.read_text())
+    if args.quick:
+        path = root / "forces.json"
+        path.write_text(json.dumps(payload, indent=1, default=str))
+    else:
+        path = common.save("forces", payload)
+    print(f"[forces] wrote {path} and {', '.join(map(str, plots))}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

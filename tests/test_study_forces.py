@@ -1,0 +1,91 @@
+"""benchmarks/study_forces.py without training: data split, curve reading at equal time, paired ratios, tables."""
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def sf():
+    mp = pytest.MonkeyPatch()
+    mp.syspath_prepend(str(BENCH / "baseline"))
+    mp.syspath_prepend(str(BENCH))
+    try:
+        yield importlib.import_module("study_forces")
+    finally:
+        mp.undo()
+        sys.modules.pop("study_forces", None)
+
+
+def curve(step_s: float, maes: list[float], every: int = 10) -> list[dict]:
+    """A learning curve evaluated every ``every`` steps of ``step_s`` CPU seconds (wall twice that)."""
+    return [{"step": every * (i + 1), "cpu_seconds": step_s * every * (i + 1), "seconds": 2 * step_s * every * (i + 1),
+             "forces_mae_meV_A": y} for i, y in enumerate(maes)]
+
+
+def record(model: str, seed: int, forces: float, crv: list[dict], *, drift: float = 0.1, intact: bool = True) -> dict:
+    return {"model": model, "seed": seed, "params": 1000, "cpu_ms_per_step": 10.0, "curve": crv,
+            "metrics": {"energy_mae_meV_atom": 1.0, "forces_mae_meV_A": forces, "forces_cos": 0.99},
+            "equivariance": {"output": "forces", "test frame": 1e-6} if model != "mace" else None,
+            "md": {"drift_meV_atom_ps": drift, "intact": intact}}
+
+
+def test_split_holds_out_the_end_of_the_training_trajectory(sf):
+    train, val = sf.split_indices(2000, sf.FULL)
+    assert (len(train), len(val)) == (1900, 100) and train[-1] == 1899 and val == list(range(1900, 2000))
+    train, val = sf.split_indices(2000, sf.QUICK)
+    assert (len(train), len(val), val[0]) == (48, 16, 1984)
+    with pytest.raises(ValueError, match="train_frames / val_frames"):
+        sf.split_indices(40, sf.QUICK)
+    assert sf.FULL.md_steps == 20000 and sf.FULL.md_every == 10 and sf.QUICK.md_steps == 200
+
+
+def test_curve_value_interpolates_inside_and_is_nan_outside(sf):
+    c = curve(1.0, [40.0, 20.0, 10.0])  # CPU seconds 10, 20, 30
+    assert sf.curve_value(c, 15.0) == pytest.approx(30.0)
+    assert sf.curve_value(c, 30.0) == pytest.approx(10.0)
+    assert sf.curve_value(c, 30.0, clock="wall") == pytest.approx(30.0)  # wall seconds 20, 40, 60
+    assert sf.curve_value(c, 25.0, key="step") == pytest.approx(25.0)
+    assert math.isnan(sf.curve_value(c, 5.0)) and math.isnan(sf.curve_value(c, 31.0)) and math.isnan(sf.curve_value([], 1.0))
+    assert sf.curve_end(c, "cpu") == 30.0 and math.isnan(sf.curve_end([], "cpu"))
+
+
+def test_equal_time_reads_both_curves_at_the_shorter_run(sf):
+    fast = [record("est-half", 0, 9.0, curve(1.0, [40.0, 20.0, 10.0])), record("est-half", 1, 9.0, curve(1.0, [30.0, 15.0, 12.0]))]
+    slow = [record("est-ffn", 0, 8.0, curve(2.0, [30.0, 20.0, 8.0])), record("est-ffn", 2, 8.0, curve(2.0, [1.0, 1.0, 1.0]))]
+    (only,) = sf.equal_time(fast, slow)  # seed 1 has no partner
+    assert only["seed"] == 0 and only["T"] == 30.0  # the fast run ends at 30 s; the slow one is between 20 s and 40 s
+    assert only["value"] == pytest.approx(10.0) and only["base"] == pytest.approx(25.0)
+    assert only["ratio"] == pytest.approx(0.4) and only["steps"] == pytest.approx(30.0)
+    ratios, wins = sf.paired(fast, slow, "forces_mae_meV_A")  # equal steps: test MAE per seed
+    assert ratios == [pytest.approx(9.0 / 8.0)] and wins == 0
+
+
+def test_tables_render_ratios_target_and_missing_models(sf):
+    runs = {"ethanol": {
+        "est-ffn": [record("est-ffn", s, 10.0, curve(2.0, [30.0, 20.0, 10.0])) for s in (0, 1)],
+        "est-default": [record("est-default", s, 8.0, curve(1.0, [20.0, 10.0, 8.0]), intact=s == 0) for s in (0, 1)],
+        "mace": [record("mace", s, 5.0, curve(4.0, [12.0, 6.0, 5.0])) for s in (0, 1)],
+    }}
+    t = sf.tables(runs)
+    assert set(t) == {"forces-ethanol", "forces-ethanol-time"}
+    steps = t["forces-ethanol"].splitlines()
+    assert steps[0].startswith("| model | params | seeds | energy (meV/atom) | forces (meV/A)")
+    default = next(x for x in steps if "EST default" in x)
+    assert "0.80 0.80 (2/2 lower)" in default and "1.60 1.60 (0/2 lower)" in default and "| 1/2 |" in default
+    mace = next(x for x in steps if x.startswith("| MACE"))
+    assert "1.0e-06" not in mace and "| - |" in mace
+    time_text = t["forces-ethanol-time"]
+    # est-default ends at 30 s; est-ffn is then at 15 steps (25 meV/A): ratio 8 / 25; MACE's first point is at 40 s
+    row = next(x for x in time_text.splitlines() if "EST default" in x)
+    assert "0.32 0.32 (2/2 lower)" in row and "| n/a n/a |" in row
+    assert "Target (issue 17): est-default / est-ffn" in time_text and "mean 0.32, 2/2 seeds within: met." in time_text
+    # no EquiformerV2 row: no ratios, no target line, own curve ends
+    t2 = sf.tables({"ethanol": {"est-default": runs["ethanol"]["est-default"]}})
+    assert "Target" not in t2["forces-ethanol-time"] and "lower" not in t2["forces-ethanol"]
