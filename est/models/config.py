@@ -124,8 +124,10 @@ class ModelConfig:
     Shape (EquiformerV2 OC20 S2EF-2M defaults): ``num_layers`` blocks of
     SO(2) graph attention followed by the update; features ``[N, (L+1)^2, C]``.
 
-    update: ``"ffn"`` (EquiformerV2's feed-forward network), ``"est"`` (the
-    hybrid EST mixture), ``"spherical"`` (spherical experts only).
+    update: ``"ffn"`` (EquiformerV2's feed-forward network), ``"est"`` (the EST
+    block of ``est.preset``: our default is one spherical Transformer expert with
+    irreps projections; ``"paper"`` the released hybrid), ``"spherical"``
+    (spherical experts only).
     est: the EST block's options (:class:`ESTOptions`; a mapping is converted):
     ``est.preset`` (``"default"``: ours, ``"paper"``: the released module), its
     grids ``est.grid`` / ``est.steerable_grid``, experts, heads, encoding.

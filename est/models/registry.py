@@ -34,7 +34,7 @@ MODEL_CONFIGS: dict[str, dict] = {
     "equiformer_v2-31m": dict(_EQV2_OC20, num_layers=8, lmax=4, mmax=2, drop_path=0.1),
     # EquiformerV2, OC20 S2EF-All+MD (153M)
     "equiformer_v2-153m": dict(_EQV2_OC20, num_layers=20, lmax=6, mmax=3, drop_path=0.1),
-    # the same shapes with the EST update (hybrid 1 + 1 experts, our default grid)
+    # the same shapes with the EST update (our default block: one spherical expert, irreps projections)
     "est-s2ef-2m": dict(_EQV2_OC20, num_layers=12, lmax=6, mmax=2, drop_path=0.05, update="est"),
     "est-31m": dict(_EQV2_OC20, num_layers=8, lmax=4, mmax=2, drop_path=0.1, update="est"),
     # the EST paper code's defaults (est-method.md section 5)

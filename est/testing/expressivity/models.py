@@ -48,7 +48,7 @@ def _batch_vector(data) -> torch.Tensor:
 class ClassifierConfig:
     """An EquiformerV2-style classifier: ``num_layers`` x (SO(2) attention + update).
 
-    update: ``"ffn"`` (EquiformerV2), ``"est"`` (hybrid EST block), ``"spherical"``
+    update: ``"ffn"`` (EquiformerV2), ``"est"`` (the EST block of ``preset``), ``"spherical"``
     (spherical experts only). preset: the EST block's preset (``"default"`` or
     ``"paper"``). Widths follow ``channels``; no dropout.
     """
