@@ -8,7 +8,7 @@ eval mode (worst of 4 random rotations, relative). The baseline in the same
 run is our SteerableFFN block (EquiformerV2's update: one steerable expert on
 the 18x18 equiangular grid). This is the table that chose our default: the
 spherical Transformer with its linear maps on the irreps ("irreps"
-projections), MLP ratio 2, on a design of degree ``min(4L, max(3L, 18))``.
+projections), MLP ratio 2, on a design of degree ``max(16, min(4L, max(3L, 18)))``.
 
     python benchmarks/bench_est_block.py [--quick] [--atoms 1000] [--device cpu]
 """

@@ -16,8 +16,10 @@ Models (the shape of ``eqv2-tiny``, L = 3, 2 layers, 32 channels; QM9 uses the
 * ``est-default``  est's EST block, our default preset,
 * ``est-paper``    the EST paper's module preset,
 * ``est-spherical`` the spherical-only update (``update="spherical"``),
-* ``est-t4`` / ``est-t8`` / ``est-t12``: ``est-default`` with the spherical
-  Transformer's t-design of degree 4 / 8 / 12 (accuracy vs S on QM9).
+* ``est-t4`` / ``est-t8`` / ``est-t12``: the previous default (``est-hybrid0``)
+  with the spherical Transformer's t-design of degree 4 / 8 / 12 (accuracy vs S on QM9);
+  ``est-default-t8`` / ``est-default-t12``: the default on t = 8 / 12 instead
+  of its 16 (QM9, L = 2: why the default grid has t >= 16).
 * training parity, one factor at a time on ``est-ffn``: ``est-ffn-eqv2init``
   (EquiformerV2's weight initialisation), ``est-ffn-strict`` (exactly
   ``max_neighbors`` neighbours, ties broken), ``est-ffn-roll`` (random edge-frame
@@ -91,6 +93,9 @@ MODELS: dict[str, list[str]] = {
     "est-t4": ["model.update=est", *PREVIOUS_DEFAULT, "model.est.grid.degree=4"],
     "est-t8": ["model.update=est", *PREVIOUS_DEFAULT, "model.est.grid.degree=8"],
     "est-t12": ["model.update=est", *PREVIOUS_DEFAULT, "model.est.grid.degree=12"],
+    # the default's grid at L = 2 before it was raised to t = 16 (S = 146), and a step between
+    "est-default-t8": ["model.update=est", "model.est.preset=default", "model.est.grid.degree=8"],
+    "est-default-t12": ["model.update=est", "model.est.preset=default", "model.est.grid.degree=12"],
     # training parity with fairchem, one factor at a time (est's EquiformerV2 + fairchem's choice)
     "est-ffn-eqv2init": ["model.update=ffn", "model.weight_init=eqv2"],
     "est-ffn-strict": ["model.update=ffn", "model.neighbor_tie_mode=strict"],
@@ -99,7 +104,7 @@ MODELS: dict[str, list[str]] = {
                          "model.edge_roll=true"],
 }
 #: models defined on some data sets only (the S sweep's degrees are for QM9's L = 2)
-ONLY_ON: dict[str, set[str]] = {"est-t4": {"qm9"}, "est-t8": {"qm9"}, "est-t12": {"qm9"}}
+ONLY_ON: dict[str, set[str]] = {m: {"qm9"} for m in ("est-t4", "est-t8", "est-t12", "est-default-t8", "est-default-t12")}
 
 #: data set -> experiment, shape and budget (identical for every model); reported metrics: summary.METRICS
 DATASETS: dict[str, dict[str, Any]] = {

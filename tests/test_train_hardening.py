@@ -174,7 +174,7 @@ def test_real_model_ddp_two_processes(tmp_path):
       is therefore tested with ``model.est.grid_rotation=false`` and no dropout.
     * Then the 2-process run equals the 1-process run on the same global batches up to float summation order:
       predictions on held-out and training structures (measured 4.5e-8 eV, eV/A; bound 1e-6) and held-out metrics
-      (measured 1e-8 relative; bound 1e-6). Raw parameters need not agree: a parameter the loss does not depend on
+      (measured <= 3.4e-9 relative, bound 1e-6; the force cosine 5.4e-7 absolute, bound 5e-6). Raw parameters need not agree: a parameter the loss does not depend on
       (the attention key bias under the softmax, ``spherical.k.bias``; ``spherical.experts.0.3.bias``) has gradient 0
       up to rounding, and AdamW turns rounding noise into steps of size ~lr (measured 2.3e-3 apart) that change no
       output.
@@ -191,7 +191,10 @@ def test_real_model_ddp_two_processes(tmp_path):
     diff = (_predict(single.module, ddp["params"], probe) - _predict(single.module, mine, probe)).abs().max()
     assert diff < 1e-6, diff
     for k, v in single.final_results["val"].items():
-        assert ddp["final"]["val"][k] == pytest.approx(v, rel=1e-6, abs=1e-9), k
+        # the mean force cosine is ill-conditioned where a predicted force is near zero: predictions 3e-8 apart moved
+        # it by 3.6e-7 .. 5.4e-7 (and two 1-process runs by 1.8e-7); every other metric agreed to <= 3.4e-9 relative
+        tol = dict(rel=0, abs=5e-6) if k == "forces_cos" else dict(rel=1e-6, abs=1e-9)
+        assert ddp["final"]["val"][k] == pytest.approx(v, **tol), k
 
 
 # ----------------------------------------------------------------------------- the end of a run survives a kill
