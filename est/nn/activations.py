@@ -169,7 +169,7 @@ class SeparableS2Activation(nn.Module):
                 f"{tuple(gates.shape)} and x {tuple(x.shape)}"
             )
         y = self.grid(x)  # [*, K', C]
-        return torch.cat([self.scalar_act(gates)[:, None, :], y[:, 1:]], dim=1)
+        return torch.cat([self.scalar_act(gates)[:, None, :], y.split([1, y.shape[1] - 1], dim=1)[1]], dim=1)
 
 
 class GateActivation(nn.Module):
@@ -199,4 +199,5 @@ class GateActivation(nn.Module):
             raise ValueError(f"{name}: gates must be [E, L*C={self.lmax * self.channels}], got {tuple(gates.shape)}")
         g = torch.sigmoid(gates).view(-1, self.lmax, self.channels)  # [E, L, C]
         g = g.index_select(1, self.gate_index)  # [E, K'-1, C]
-        return torch.cat([nn.functional.silu(x[:, :1]), x[:, 1:] * g], dim=1)
+        x0, xr = x.split([1, x.shape[1] - 1], dim=1)  # [E, 1, C], [E, K'-1, C] (split: one cat in backward)
+        return torch.cat([nn.functional.silu(x0), xr * g], dim=1)

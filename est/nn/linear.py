@@ -34,11 +34,11 @@ class DegreeLinear(nn.Module):
         K = num_coefficients(self.lmax)
         if x.dim() != 3 or x.shape[1] != K or x.shape[2] != self.in_channels:
             raise ValueError(f"DegreeLinear: expected [N, {K}, {self.in_channels}], got {tuple(x.shape)}")
-        # contract channel by channel per degree block: one matmul per degree
-        outs = []
-        for l in range(self.lmax + 1):
-            outs.append(x[:, l * l : (l + 1) * (l + 1)] @ self.weight[l].T)  # [N, 2l+1, C_out]
-        y = torch.cat(outs, dim=1)  # [N, K, C_out]
+        # contract channel by channel per degree block: one matmul per degree. split / unbind rather than
+        # slicing: their backward is one cat / stack, where each slice's backward would zero-fill and copy a
+        # gradient of the whole input (L + 1 times; ~1/4 of the EST default block's time at L = 6)
+        blocks = x.split([2 * l + 1 for l in range(self.lmax + 1)], dim=1)  # (L+1) x [N, 2l+1, C_in]
+        outs = [xl @ w.T for xl, w in zip(blocks, self.weight.unbind(0))]  # (L+1) x [N, 2l+1, C_out]
         if self.bias is not None:
-            y = torch.cat([y[:, :1] + self.bias, y[:, 1:]], dim=1)
-        return y
+            outs[0] = outs[0] + self.bias  # l = 0 only: a bias on l > 0 would break equivariance
+        return torch.cat(outs, dim=1)  # [N, K, C_out]

@@ -61,12 +61,11 @@ class EquivariantLayerNorm(_DegreeNorm):
         _check_features(x, self.lmax, self.channels, type(self).__name__)
         dtype = x.dtype
         x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        x0 = x[:, :1]  # [N, 1, C]
-        x0 = nn.functional.layer_norm(x0, (self.channels,), self.weight[0], self.bias, self.eps)
         if self.lmax == 0:
-            return x0.to(dtype)
+            return nn.functional.layer_norm(x, (self.channels,), self.weight[0], self.bias, self.eps).to(dtype)
+        x0, xr = x.split([1, x.shape[1] - 1], dim=1)  # [N, 1, C], [N, K-1, C] (split: one cat in backward)
+        x0 = nn.functional.layer_norm(x0, (self.channels,), self.weight[0], self.bias, self.eps)
         w = self.rms_weights[1:].to(x.dtype)  # [K-1]
-        xr = x[:, 1:]  # [N, K-1, C]
         var = (xr.pow(2).mean(-1) * w).sum(-1, keepdim=True)  # [N, 1]
         scale = self.weight[self.degree[1:]]  # [K-1, C]
         xr = xr * torch.rsqrt(var + self.eps)[..., None] * scale
@@ -86,13 +85,15 @@ class EquivariantRMSNorm(_DegreeNorm):
         _check_features(x, self.lmax, self.channels, type(self).__name__)
         dtype = x.dtype
         x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        sizes = [1, x.shape[1] - 1]
         if self.centering:
-            x = torch.cat([x[:, :1] - x[:, :1].mean(-1, keepdim=True), x[:, 1:]], dim=1)
+            x0, xr = x.split(sizes, dim=1)  # [N, 1, C], [N, K-1, C] (split: one cat in backward)
+            x = torch.cat([x0 - x0.mean(-1, keepdim=True), xr], dim=1)
         w = self.rms_weights.to(x.dtype)  # [K]
         var = (x.pow(2).mean(-1) * w).sum(-1, keepdim=True)  # [N, 1]
         out = x * torch.rsqrt(var + self.eps)[..., None] * self.weight[self.degree]  # [N, K, C]
-        out = torch.cat([out[:, :1] + self.bias, out[:, 1:]], dim=1)
-        return out.to(dtype)
+        out0, outr = out.split(sizes, dim=1)
+        return torch.cat([out0 + self.bias, outr], dim=1).to(dtype)
 
 
 def build_norm(kind: str, *, lmax: int, channels: int, eps: float = 1e-5) -> nn.Module:

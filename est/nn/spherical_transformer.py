@@ -191,11 +191,11 @@ class SphericalTransformer(Float64Masters):
         else:
             C = cfg.channels
             f = self.sft.to_sphere(self.qkv(self.norm(x)), rotation=D)  # [N, S, 2C + E*M]
-            o = self._attend(f[..., :C], f[..., C : 2 * C], f[..., 2 * C :])  # [N, S, E*M]
+            o = self._attend(*f.split([C, C, f.shape[-1] - 2 * C], dim=-1))  # [N, S, E*M] (split: one cat in backward)
             y = self.sft.from_sphere(F.silu(o), rotation=D)  # [N, K, E*M]
             y = (y.unflatten(-1, (E, self.hidden)) * gates[:, None, :, None]).flatten(-2)  # [N, K, E*M]
             out = self.out(y)  # [N, K, C]
-        out = torch.cat([h0[:, None], out[:, 1:]], dim=1)  # [N, K, C]
+        out = torch.cat([h0[:, None], out.split([1, out.shape[1] - 1], dim=1)[1]], dim=1)  # [N, K, C]
         if fp16 and self.check_inputs:
             check_float16_output(out, "SphericalTransformer")
         return out
