@@ -29,7 +29,7 @@ def test_qm9_experiment_builds_a_qm9_sized_model(experiment):
     model = build_model_from_config(cfg)
     n = sum(p.numel() for p in model.parameters())
     assert n == count and n < BOUND
-    assert cfg.model.update == ("est" if name == "est-qm9" else "ffn")
+    assert cfg.model["update"] == ("est" if name == "est-qm9" else "ffn")
 
 
 def test_qm9_model_yaml_is_the_registry_shape():
