@@ -60,8 +60,13 @@ def structures(name: str, count: int, rattle: float) -> list:
 def engines(checkpoint: str | None, shape: str, dtype: torch.dtype):
     """(ESTCalculator, ESTTorchSimModel, description) sharing the same weights."""
     if checkpoint:
-        return (ESTCalculator(checkpoint, dtype=dtype), ESTTorchSimModel(checkpoint, device="cpu", dtype=dtype),
-                f"trained checkpoint {checkpoint}")
+        from est.train.checkpoint import load_checkpoint, resolve_checkpoint_path
+
+        ck = load_checkpoint(resolve_checkpoint_path(checkpoint))
+        m, d = ck["config"]["model"], ck["config"]["data"]
+        what = (f"{m.get('name')} (update={m.get('update', 'preset')}, forces {m.get('regress_forces')}) trained "
+                f"{ck.get('step')} steps on {d.get('train_path') or d.get('task')} ({checkpoint})")
+        return ESTCalculator(checkpoint, dtype=dtype), ESTTorchSimModel(checkpoint, device="cpu", dtype=dtype), what
     torch.manual_seed(0)
     model = build_model(shape, regress_forces="gradient", envelope="polynomial", use_pbc=False,
                         avg_num_nodes=9.0, avg_degree=8.0).eval()
@@ -144,7 +149,7 @@ def main(argv=None) -> int:
     agree = (f"Final energies, torch-sim vs ASE: max |dE| / atom {de.max():.2e} eV (median {np.median(de):.2e}) over "
              f"all {args.structures} structures, {de[both].max() if both.any() else float('nan'):.2e} over the "
              f"{int(both.sum())} both converged; largest final position difference {dx:.2e} A. "
-             f"torch-sim is {ase_res['wall_s'] / ts_res['wall_s']:.2f}x faster.")
+             f"Wall time torch-sim / ASE: {ts_res['wall_s'] / ase_res['wall_s']:.2f}.")
     print(agree)
     save(args.save_as, {"script": "bench_torch_sim.py", "argv": list(argv if argv is not None else sys.argv[1:]),
                         "model": what, "config": vars(args), "natoms": natoms, "rows": rows,
