@@ -67,6 +67,7 @@ class EpochTimer:
             return None
         self.done += 1
         if self.done == self.warmup:
+            self._sync()
             self.t0, self.eval0 = self.clock(), eval_seconds
         if self.done == self.warmup + self.steps:
             return self._report(self.steps, eval_seconds)
@@ -78,8 +79,14 @@ class EpochTimer:
             return None
         return self._report(timed, eval_seconds)
 
+    def _sync(self) -> None:
+        """Wait for queued GPU work, so the clock reads finished steps."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def _report(self, timed: int, eval_seconds: float) -> str:
         self.reported = True
+        self._sync()
         wall = self.clock() - self.t0 - (eval_seconds - self.eval0)
         self.seconds_per_step = wall / timed
         epoch = self.seconds_per_step * self.steps_per_epoch
