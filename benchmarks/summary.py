@@ -19,7 +19,8 @@ by the tables named NAME (``accuracy-qm9``, ``accuracy-emt``,
 with a ``grid18-`` prefix for ``accuracy_grid18.json``), so the README shows
 exactly what the JSON holds; ``expressivity.json`` (``study_expressivity.py``)
 gives the blocks ``expressivity-rotsym``, ``-kchain`` and ``-counterexample``; ``forces.json``
-(``study_forces.py``) the blocks ``forces-<molecule>`` and ``forces-<molecule>-time``.
+(``study_forces.py``) the blocks ``forces-<molecule>`` and ``forces-<molecule>-time``;
+``torch_sim.json`` (``bench_torch_sim.py``) the block ``torch-sim``.
 
     python benchmarks/summary.py [--docs] [--no-plots]
 """
@@ -231,12 +232,14 @@ def main(argv=None) -> int:
             sections += ["", f"## {prefix}{name} (`study_accuracy.py`, {' '.join(d.get('overrides') or []) or 'as configured'})",
                          "", tbl]
     for name, script in (("vs_fairchem", "bench_vs_fairchem.py"), ("vs_fairchem_equivariance", "bench_equivariance_vs_fairchem.py"),
-                         ("equivariance_training", "study_equivariance_training.py")):
+                         ("equivariance_training", "study_equivariance_training.py"), ("torch_sim", "bench_torch_sim.py")):
         d = load(name)
         if not d or not d.get("tables"):
             continue
         tables = d["tables"].values() if isinstance(d["tables"], dict) else d["tables"]
         sections += ["", f"## {name} (`{script}`)"] + [f"\n{t}" for t in tables]
+        if name == "torch_sim":  # docs/results.md block torch-sim
+            blocks["torch-sim"] = "\n\n".join(tables)
     expr = load("expressivity")
     if expr:
         sys.path.insert(0, str(HERE))

@@ -124,3 +124,24 @@ def test_cpu_shapes_have_fairchem_parameter_counts_exactly(bench_modules):
         n = EquiformerV2(fe.comparable_config(name, **graph)).num_parameters()
         assert n == fairchem[shape], (shape, n, fairchem[shape])
         assert f"{n:,}" in docs, f"docs/results.md should quote {n:,} for the {shape} shape"
+
+
+def test_torch_sim_bench_relaxes_the_same_minima(monkeypatch_module, tmp_path, capsys):
+    """bench_torch_sim.py end to end on 2 molecules (random weights): both engines converge, energies agree."""
+    pytest.importorskip("torch_sim")
+    import json
+
+    monkeypatch_module.syspath_prepend(str(BENCH))
+    bench = importlib.import_module("bench_torch_sim")
+    import torch
+
+    out = tmp_path / "ts"
+    threads = torch.get_num_threads()
+    try:
+        assert bench.main(["--structures", "2", "--max-steps", "50", "--save-as", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)  # the script runs on one thread; the rest of the suite does not
+    res = json.loads(out.with_suffix(".json").read_text())
+    assert [r["converged"] for r in res["rows"]] == ["2/2", "2/2"]
+    assert res["max_abs_de_per_atom_eV"] < 1e-4 and "random weights" in res["model"]
+    assert "| torch-sim, one batch" in capsys.readouterr().out

@@ -3,6 +3,7 @@ import json
 import os
 
 import numpy as np
+import torch
 import pytest
 
 pytest.importorskip("tblite")
@@ -271,3 +272,33 @@ def test_missing_tblite_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_tblite)
     with pytest.raises(ImportError, match="pip install tblite"):
         xtb.xtb_calculator()
+
+
+def test_aselmdb_format_matches_lmdb(tiny, tmp_path):
+    """``--format aselmdb``: the same frames as the LMDB set, read back with est's reader; an empty split has no file."""
+    pytest.importorskip("ase_db_backends")
+    from est.data import AseLmdbDataset, open_dataset
+
+    out, manifest = tiny
+    ase_out = tmp_path / "ase"
+    assert main(["--out", str(ase_out), "--molecules", "ethanol", "--train-frames", "5", "--test-frames", "2",
+                 "--stride", "3", "--equilibration-steps", "6", "--chunk-frames", "2", "--seed", "1", "--quiet",
+                 "--format", "aselmdb"]) == 0
+    m = json.load(open(ase_out / "manifest.json"))
+    assert m["file_format"] == "aselmdb" and m["counts"] == manifest["counts"]
+    assert sorted(os.listdir(ase_out / "ethanol" / "train")) == [
+        "data.0000.aselmdb", "data.0001.aselmdb", "data.0002.aselmdb", "metadata.npz"]
+    for sub in ("ethanol/train", "ethanol/test", "mixed/train", "mixed/test"):
+        a, b = open_dataset(ase_out / sub), LmdbDataset(out / sub)
+        assert isinstance(a, AseLmdbDataset) and len(a) == len(b) and a.natoms.tolist() == b.natoms.tolist()
+        for i in range(len(b)):
+            x, y = a[i], b[i]
+            assert torch.equal(x.atomic_numbers, y.atomic_numbers)
+            for k in ("pos", "energy", "forces", "cell"):
+                torch.testing.assert_close(getattr(x, k), getattr(y, k), rtol=0, atol=0, msg=f"{sub} {i} {k}")
+            assert int(x.sid) == int(y.sid) and int(x.fid) == int(y.fid)
+    # resuming with the other format is refused; an empty split has no data file, only metadata
+    with pytest.raises(ValueError, match="file_format: aselmdb -> lmdb"):
+        generate(str(ase_out), verbose=False, **TINY)
+    empty = generate(str(tmp_path / "empty"), verbose=False, **{**TINY, "test_frames": 0, "file_format": "aselmdb"})
+    assert empty["counts"]["ethanol/test"] == 0 and os.listdir(tmp_path / "empty/ethanol/test") == ["metadata.npz"]

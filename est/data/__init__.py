@@ -12,7 +12,7 @@ from .lmdb_io import (
 )
 from .ase_db import AseDbDataset, atoms_to_sample
 from .aselmdb import AseLmdbDataset, AseLmdbWriter, write_aselmdb
-from .formats import open_dataset, dataset_format
+from .formats import open_dataset, dataset_format, open_writer
 from .qm9 import QM9, qm9_split, QM9_SIZE, STANDARD_SPLIT
 from .qm9_formats import TARGET_NAMES as QM9_TARGET_NAMES, TARGET_UNITS as QM9_TARGET_UNITS
 from .sampler import BalancedBatchSampler, balanced_split, get_natoms
@@ -29,7 +29,7 @@ __all__ = [
     "UnsafePickleError", "RestrictedUnpickler", "safe_loads",
     "LmdbDataset", "LmdbWriter", "write_lmdb", "DataFileError", "CorruptRecordError", "DEFAULT_KEY_MAP",
     "AseDbDataset", "atoms_to_sample", "AseLmdbDataset", "AseLmdbWriter", "write_aselmdb", "open_dataset",
-    "dataset_format",
+    "dataset_format", "open_writer",
     "QM9", "qm9_split", "QM9_SIZE", "STANDARD_SPLIT", "QM9_TARGET_NAMES", "QM9_TARGET_UNITS",
     "BalancedBatchSampler", "balanced_split", "get_natoms",
     "Normalizer", "LinearReference", "fit_normalizer", "fit_linear_reference", "collect_targets",

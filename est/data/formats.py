@@ -9,6 +9,13 @@ path                                                   reader
 =====================================================  ===========================================
 
 A folder holding both ``*.aselmdb`` and ``*.lmdb`` files is refused (which set is meant is not clear).
+
+Writing: :func:`open_writer` gives the writer of a file format (``"lmdb"``:
+:class:`~est.data.lmdb_io.LmdbWriter`, ``"aselmdb"``:
+:class:`~est.data.aselmdb.AseLmdbWriter`, which needs ``ase-db-backends``); both
+take ``add(sample)``, ``close()``, ``abort()`` and work as context managers, so
+the generators (``est.data.generate``, ``est.data.xtb``) write either format
+through this one function.
 """
 from __future__ import annotations
 
@@ -18,7 +25,11 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 from .lmdb_io import DataFileError
 
-__all__ = ["open_dataset", "dataset_format"]
+__all__ = ["open_dataset", "dataset_format", "open_writer", "WRITE_FORMATS", "SUFFIXES"]
+
+#: file formats the generators write, and their file suffixes
+WRITE_FORMATS = ("lmdb", "aselmdb")
+SUFFIXES = {"lmdb": ".lmdb", "aselmdb": ".aselmdb"}
 
 
 def dataset_format(path: Union[str, os.PathLike]) -> str:
@@ -62,3 +73,21 @@ def open_dataset(path: Union[str, os.PathLike], *, key_map: Optional[Mapping[str
 
     return LmdbDataset(path, key_map=key_map, trusted=trusted, check_finite=check_finite,
                        extra_fields=tuple(extra_fields or ()))
+
+
+def open_writer(path: Union[str, os.PathLike], file_format: str = "lmdb", *, samples_per_shard: int = 10_000,
+                overwrite: bool = False):
+    """A writer of ``file_format`` for ``path`` (see module docstring).
+
+    ``path`` ending in the format's suffix (:data:`SUFFIXES`) is one file; any other path a folder
+    of ``data.NNNN<suffix>`` files of ``samples_per_shard`` samples each plus ``metadata.npz``.
+    """
+    if file_format not in WRITE_FORMATS:
+        raise ValueError(f"file format {file_format!r} is not one est writes; choose one of {WRITE_FORMATS}")
+    if file_format == "aselmdb":
+        from .aselmdb import AseLmdbWriter
+
+        return AseLmdbWriter(path, overwrite=overwrite, rows_per_file=samples_per_shard)
+    from .lmdb_io import LmdbWriter
+
+    return LmdbWriter(path, overwrite=overwrite, samples_per_shard=samples_per_shard)

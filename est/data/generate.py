@@ -60,6 +60,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .ase_helpers import optimizer as _optimizer, s2ef_record, thermalize
+from .formats import SUFFIXES, WRITE_FORMATS, open_writer
 
 __all__ = ["EMTConfig", "generate", "generate_system", "gas_references", "default_emt_dataset", "main"]
 
@@ -284,22 +285,15 @@ def _is_val(system: int, val_fraction: float) -> bool:
     return system % k == 1
 
 
-FORMATS = ("lmdb", "aselmdb")
+FORMATS = WRITE_FORMATS
 
 
 def _writers(tmp: str, fmt: str, samples_per_shard: int) -> Dict[Tuple[str, str], object]:
     """One writer per (task, split) in file format ``fmt`` (see module docstring)."""
-    if fmt == "aselmdb":
-        from .aselmdb import AseLmdbWriter
-
-        return {("s2ef", s): AseLmdbWriter(os.path.join(tmp, "s2ef", s), rows_per_file=samples_per_shard)
-                for s in ("train", "val")} | \
-               {("is2re", s): AseLmdbWriter(os.path.join(tmp, "is2re", s, "data.aselmdb")) for s in ("train", "val")}
-    from .lmdb_io import LmdbWriter
-
-    return {("s2ef", s): LmdbWriter(os.path.join(tmp, "s2ef", s), samples_per_shard=samples_per_shard)
+    is2re_file = "data" + SUFFIXES[fmt]
+    return {("s2ef", s): open_writer(os.path.join(tmp, "s2ef", s), fmt, samples_per_shard=samples_per_shard)
             for s in ("train", "val")} | \
-           {("is2re", s): LmdbWriter(os.path.join(tmp, "is2re", s, "data.lmdb")) for s in ("train", "val")}
+           {("is2re", s): open_writer(os.path.join(tmp, "is2re", s, is2re_file), fmt) for s in ("train", "val")}
 
 
 def generate(out: str, config: Optional[EMTConfig] = None, *, workers: int = 1, overwrite: bool = False,

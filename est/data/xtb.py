@@ -46,7 +46,11 @@ such a state with a fresh calculator, whether the run was interrupted or not,
 so a resumed run writes the same records as an uninterrupted one, bit for bit
 (the LMDB files' bytes may differ in unused page space).
 
-Layout written::
+Layout written (``--format lmdb``, the default; ``--format aselmdb`` writes the
+same records as fairchem 2.x ASE LMDB files ``data.NNNN.aselmdb`` through the
+same writer as ``est.data.generate``, :func:`est.data.formats.open_writer`,
+which needs ``ase-db-backends``; an empty split then has no data file, only
+``metadata.npz``, as an ASE LMDB set cannot be opened empty)::
 
     OUT/<molecule>/{train,test}/data.NNNN.lmdb + metadata.npz
         pos, atomic_numbers, natoms, cell (zeros), pbc (all False), fixed (0),
@@ -64,7 +68,7 @@ frame in it (0, 1, ...; skipped frames take no number).
 CLI::
 
     python -m est.data.xtb --out DIR --molecules ethanol malonaldehyde aspirin paracetamol \\
-        --train-frames 2000 --test-frames 500 [--stride 20] [--seed 0]
+        --train-frames 2000 --test-frames 500 [--stride 20] [--seed 0] [--format aselmdb]
     python -m est.data.xtb --measure ethanol [--measure-steps 10000]
 """
 from __future__ import annotations
@@ -84,6 +88,7 @@ import numpy as np
 
 from .ase_helpers import optimizer, s2ef_record, thermalize
 from .cache import atomic_json, atomic_savez
+from .formats import SUFFIXES, WRITE_FORMATS, open_dataset, open_writer
 from .molecules import MOLECULES, bond_counts, bond_graph, molecule
 
 __all__ = ["XTBConfig", "generate", "relax", "xtb_calculator", "openmp_threads", "SCFError", "autocorrelation",
@@ -119,6 +124,7 @@ class XTBConfig:
     chunk_frames: int = 100
     max_failures: int = 10
     threads: int = 1  # OpenMP threads of the SCF (more threads on a busy machine are much slower)
+    file_format: str = "lmdb"  # "lmdb" (OC20 layout) or "aselmdb" (fairchem 2.x ASE LMDB)
 
     def __post_init__(self):
         self.molecules = tuple(self.molecules)
@@ -127,6 +133,8 @@ class XTBConfig:
             raise ValueError(f"unknown molecule(s) {unknown}; known molecules: {', '.join(MOLECULES)}")
         if not self.molecules or len(set(self.molecules)) != len(self.molecules):
             raise ValueError(f"molecules must be a non-empty list without repeats, got {list(self.molecules)}")
+        if self.file_format not in WRITE_FORMATS:
+            raise ValueError(f"file_format {self.file_format!r} is not one of {WRITE_FORMATS}")
         if self.method not in ("GFN2-xTB", "GFN1-xTB"):
             raise ValueError(f"method {self.method!r} is not one of 'GFN2-xTB', 'GFN1-xTB'")
         for name in ("train_frames", "test_frames", "equilibration_steps", "seed"):
@@ -143,8 +151,14 @@ class XTBConfig:
     def frames(self, split: str) -> int:
         return self.train_frames if split == "train" else self.test_frames
 
+    @property
+    def suffix(self) -> str:
+        """The data files' suffix, ``.lmdb`` or ``.aselmdb``."""
+        return SUFFIXES[self.file_format]
+
     def physics(self) -> Dict[str, object]:
-        """The settings that determine the frames of a molecule (all but ``molecules``)."""
+        """The settings a resumed set must share: those that determine the frames, and the file format
+        (all but ``molecules``)."""
         d = asdict(self)
         d.pop("molecules")
         return d
@@ -320,12 +334,22 @@ def _load_state(path: str) -> Tuple[Dict[str, object], float]:
         return state, float(z["seconds"])
 
 
-def _chunk_file(folder: str, k: int) -> str:
-    return os.path.join(folder, f"data.{k:04d}.lmdb")
+def _chunk_file(folder: str, k: int, suffix: str = ".lmdb") -> str:
+    return os.path.join(folder, f"data.{k:04d}{suffix}")
+
+
+def _chunk_files(folder: str, suffix: str) -> List[str]:
+    """Names of the chunk files in ``folder``, in order."""
+    return sorted(f for f in os.listdir(folder) if f.startswith("data.") and f.endswith(suffix))
+
+
+def _split_dataset(folder: str, suffix: str):
+    """The dataset of a split folder in either format; None for an empty ``.aselmdb`` split (no file)."""
+    return open_dataset(folder) if _chunk_files(folder, suffix) else None
 
 
 def _clean_partial(folder: str) -> None:
-    """Remove temporary files of a run killed mid-write (``.data.NNNN.lmdb.tmp-PID[-lock]``, ``.tmp-*.npz``)."""
+    """Remove temporary files of a run killed mid-write (``.data.NNNN.<suffix>.tmp-PID[-lock]``, ``.tmp-*.npz``)."""
     for f in os.listdir(folder):
         if (f.startswith(".data.") and ".tmp-" in f) or f.startswith(".tmp-"):
             os.remove(os.path.join(folder, f))
@@ -350,14 +374,12 @@ def _relaxed(out: str, name: str, cfg: XTBConfig):
     return atoms, info
 
 
-def _split_summary(folder: str, relaxed, state: Dict[str, object], seconds: float) -> Dict[str, object]:
+def _split_summary(folder: str, relaxed, state: Dict[str, object], seconds: float, suffix: str) -> Dict[str, object]:
     """Statistics of a finished split, read back from its files."""
     from ase import Atoms
 
-    from .lmdb_io import LmdbDataset
-
-    ds = LmdbDataset(folder)
-    recs = [ds.get_record(i) for i in range(len(ds))]
+    ds = _split_dataset(folder, suffix)
+    recs = [ds.get_record(i) for i in range(len(ds))] if ds is not None else []
     ref_graph = {tuple(p) for p in bond_graph(relaxed.numbers, relaxed.positions).tolist()}
     ref_counts = bond_counts(relaxed)
     other_graph = other_counts = 0
@@ -365,7 +387,7 @@ def _split_summary(folder: str, relaxed, state: Dict[str, object], seconds: floa
         atoms = Atoms(numbers=r["atomic_numbers"], positions=r["pos"].astype(np.float64))
         other_graph += {tuple(p) for p in bond_graph(atoms.numbers, atoms.positions).tolist()} != ref_graph
         other_counts += bond_counts(atoms) != ref_counts
-    e = np.array([float(r["energy"][0]) for r in recs])                       # [N]
+    e = np.array([float(np.reshape(r["energy"], -1)[0]) for r in recs])      # [N]
     f = np.stack([r["forces"].astype(np.float64).reshape(-1) for r in recs]) if recs else np.zeros((0, 1))
     out = {"frames": len(recs), "skipped_frames": int(state["skipped"]), "md_steps": int(state["steps"]),
            "seconds": round(seconds, 2), "ms_per_md_step": round(1e3 * seconds / max(int(state["steps"]), 1), 2),
@@ -382,16 +404,14 @@ def _split_summary(folder: str, relaxed, state: Dict[str, object], seconds: floa
     return out
 
 
-def _write_metadata(folder: str) -> None:
-    from .lmdb_io import LmdbDataset
-
-    atomic_savez(os.path.join(folder, "metadata.npz"), natoms=np.asarray(LmdbDataset(folder).natoms, dtype=np.int64))
+def _write_metadata(folder: str, suffix: str) -> None:
+    ds = _split_dataset(folder, suffix)
+    natoms = ds.natoms if ds is not None else []
+    atomic_savez(os.path.join(folder, "metadata.npz"), natoms=np.asarray(natoms, dtype=np.int64))
 
 
 def _generate_split(out: str, name: str, split: str, relaxed, cfg: XTBConfig, log) -> Dict[str, object]:
     """Write (or finish) one molecule's split; returns its summary (also kept in ``.state``)."""
-    from .lmdb_io import LmdbWriter
-
     folder = os.path.join(out, name, split)
     sdir = os.path.join(out, ".state", name, split)
     done = os.path.join(sdir, "done.json")
@@ -408,7 +428,7 @@ def _generate_split(out: str, name: str, split: str, relaxed, cfg: XTBConfig, lo
     if states:
         k = int(states[-1].split(".")[1])
         state, seconds = _load_state(os.path.join(sdir, states[-1]))
-        missing = [c for c in range(k) if not os.path.isfile(_chunk_file(folder, c))]
+        missing = [c for c in range(k) if not os.path.isfile(_chunk_file(folder, c, cfg.suffix))]
         if missing:
             raise RuntimeError(f"{folder}: chunk files {missing} are missing although {states[-1]} says they were "
                                "written; the set was changed by hand. Fix: rerun with --overwrite")
@@ -420,7 +440,7 @@ def _generate_split(out: str, name: str, split: str, relaxed, cfg: XTBConfig, lo
              "frames": 0, "skipped": 0, "steps": 0}  # an empty split runs no MD
         seconds = time.time() - t0
         _save_state(os.path.join(sdir, "state.0000.npz"), state, seconds)
-    for stale in sorted(f for f in os.listdir(folder) if f.startswith("data.") and f.endswith(".lmdb")):
+    for stale in _chunk_files(folder, cfg.suffix):
         if int(stale.split(".")[1]) >= k:  # written, but its state was not: redo it
             os.remove(os.path.join(folder, stale))
     sid = _sid(name, split)
@@ -428,7 +448,7 @@ def _generate_split(out: str, name: str, split: str, relaxed, cfg: XTBConfig, lo
         t1 = time.time()
         n = min(cfg.chunk_frames, total - k * cfg.chunk_frames)
         records, state = _run_chunk(relaxed, state, n, cfg, sid)
-        with LmdbWriter(_chunk_file(folder, k)) as w:
+        with open_writer(_chunk_file(folder, k, cfg.suffix), cfg.file_format) as w:
             for rec in records:
                 w.add(rec)
         k += 1
@@ -439,20 +459,18 @@ def _generate_split(out: str, name: str, split: str, relaxed, cfg: XTBConfig, lo
             os.remove(old)
         log(f"{name}/{split}: {state['frames']}/{total} frames, {state['skipped']} skipped, "
             f"{1e3 * seconds / max(int(state['steps']), 1):.1f} ms per MD step")
-    if n_chunks == 0:
-        with LmdbWriter(_chunk_file(folder, 0)):
+    if n_chunks == 0 and cfg.file_format == "lmdb":
+        with open_writer(_chunk_file(folder, 0), "lmdb"):
             pass  # an empty split is still a readable dataset
-    _write_metadata(folder)
-    summary = _split_summary(folder, relaxed, state, seconds)
+    _write_metadata(folder, cfg.suffix)
+    summary = _split_summary(folder, relaxed, state, seconds, cfg.suffix)
     summary.update(sid=sid, seed_sequence=_seed_sequence(cfg, name, split))
     atomic_json(done, summary)
     return summary
 
 
-def _build_mixed(out: str, molecules: Sequence[str]) -> Dict[str, int]:
+def _build_mixed(out: str, molecules: Sequence[str], suffix: str) -> Dict[str, int]:
     """``OUT/mixed/<split>``: relative links to every molecule's chunk files, rebuilt from scratch."""
-    from .lmdb_io import LmdbDataset
-
     counts = {}
     mixed = os.path.join(out, "mixed")
     tmp = f"{mixed}.tmp-{os.getpid()}"
@@ -463,11 +481,12 @@ def _build_mixed(out: str, molecules: Sequence[str]) -> Dict[str, int]:
         k = 0
         for name in molecules:
             src = os.path.join(out, name, split)
-            for f in sorted(x for x in os.listdir(src) if x.startswith("data.") and x.endswith(".lmdb")):
-                os.symlink(os.path.join("..", "..", name, split, f), _chunk_file(folder, k))
+            for f in _chunk_files(src, suffix):
+                os.symlink(os.path.join("..", "..", name, split, f), _chunk_file(folder, k, suffix))
                 k += 1
-        _write_metadata(folder)
-        counts[split] = len(LmdbDataset(folder))
+        _write_metadata(folder, suffix)
+        ds = _split_dataset(folder, suffix)
+        counts[split] = len(ds) if ds is not None else 0
     shutil.rmtree(mixed, ignore_errors=True)
     os.replace(tmp, mixed)
     return counts
@@ -493,6 +512,7 @@ def _check_config(out: str, cfg: XTBConfig) -> None:
     if os.path.isfile(path):
         with open(path) as fh:
             old = json.load(fh)
+        old.setdefault("file_format", "lmdb")  # sets started before the option existed
         new = json.loads(json.dumps(cfg.physics()))
         diff = {k: (old.get(k), v) for k, v in new.items() if old.get(k) != v}
         if diff:
@@ -535,11 +555,12 @@ def generate(out: str, config: Optional[XTBConfig] = None, *, overwrite: bool = 
             splits = {split: _generate_split(out, name, split, relaxed, cfg, log) for split in SPLITS}
             molecules[name] = {"formula": relaxed.get_chemical_formula(), "natoms": len(relaxed), "relaxed": info,
                                "mean_energy_eV": splits["train"]["energy_mean_eV"], "splits": splits}
-    mixed = _build_mixed(out, cfg.molecules)
+    mixed = _build_mixed(out, cfg.molecules, cfg.suffix)
     seconds = sum(m["relaxed"]["relax_seconds"] + sum(s["seconds"] for s in m["splits"].values())
                   for m in molecules.values())
     manifest = {
         "format": "est OC20-layout S2EF set: GFN2-xTB molecular dynamics",
+        "file_format": cfg.file_format,
         "method": cfg.method,
         "calculator": "tblite.ase.TBLite(method=..., verbosity=0), tblite defaults otherwise "
                       "(accuracy 1, electronic temperature 300 K, Broyden mixer)",
@@ -649,6 +670,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--chunk-frames", type=int, default=XTBConfig.chunk_frames, help="frames per file (resume unit)")
     p.add_argument("--method", default=XTBConfig.method, choices=("GFN2-xTB", "GFN1-xTB"))
     p.add_argument("--threads", type=int, default=XTBConfig.threads, help="OpenMP threads of the SCF")
+    p.add_argument("--format", choices=WRITE_FORMATS, default="lmdb",
+                   help="lmdb: OC20-layout LMDB (default); aselmdb: fairchem 2.x ASE LMDB (needs ase-db-backends)")
     p.add_argument("--overwrite", action="store_true", help="delete OUT and start over")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--measure", metavar="MOLECULE", help="measure correlation times on one trajectory instead")
@@ -659,7 +682,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         train_frames=a.train_frames, test_frames=a.test_frames, seed=a.seed, method=a.method,
                         temperature_K=a.temperature, timestep_fs=a.timestep, friction_per_fs=a.friction,
                         stride=a.stride, equilibration_steps=a.equilibration_steps, chunk_frames=a.chunk_frames,
-                        threads=a.threads)
+                        threads=a.threads, file_format=a.format)
     except ValueError as exc:
         p.error(str(exc))
     if a.measure is not None:

@@ -21,7 +21,7 @@ from .config import ConfigError, load_config
 __all__ = ["main"]
 
 USAGE = __doc__ + """
-Experiments (configs/experiment): qm9, qm9_quick, oc20_s2ef, oc20_s2ef_quick, oc20_is2re, oc20_is2re_quick
+Experiments (configs/experiment): qm9, qm9_eqv2, qm9_quick, oc20_s2ef, oc20_s2ef_quick, oc20_is2re, oc20_is2re_quick
 Common overrides: trainer.max_epochs=N trainer.max_steps=N data.subset=N run_dir=DIR
                   data.train_path=... data.val_path=... model=est_tiny model.lmax=4
 """

@@ -153,6 +153,10 @@ class TrainerConfig:
     grad_in_eval: Optional[bool] = None
     #: prefetch the next batch in a background thread (CPU) / side stream (GPU)
     prefetch: bool = True
+    #: time per epoch printed at start-up (est.train.epoch_time): steps timed after
+    #: epoch_time_warmup untimed ones (>= 1); 0 disables
+    epoch_time_steps: int = 5
+    epoch_time_warmup: int = 2
     find_unused_parameters: bool = False
     normalizer: NormalizerConfig = field(default_factory=NormalizerConfig)
 
@@ -366,6 +370,8 @@ def validate_numbers(cfg: Any) -> None:
     _positive("trainer.eval_every", t.eval_every, allow_none=True)
     _positive("trainer.save_every", t.save_every, allow_none=True)
     _positive("trainer.max_bad_batches", t.max_bad_batches, allow_zero=True)
+    _positive("trainer.epoch_time_steps", t.epoch_time_steps, allow_zero=True)
+    _positive("trainer.epoch_time_warmup", t.epoch_time_warmup)
     _positive("trainer.warmup_epochs", t.warmup_epochs, allow_zero=True)
     _positive("trainer.warmup_steps", t.warmup_steps, allow_none=True, allow_zero=True)
     _positive("trainer.energy_coefficient", t.energy_coefficient, allow_zero=True)

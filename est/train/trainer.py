@@ -60,6 +60,7 @@ from .loading import build_model_from_config, load_trained_model, model_dict, mo
 from .data import Prefetcher, build_datasets, dataset_natoms, make_loader, resolve_model_stats, training_elements
 from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_object, setup_distributed
 from .ema import EMA
+from .epoch_time import EpochTimer
 from .eval_mode import evaluate_checkpoint  # noqa: F401  (mode=eval; re-exported where it used to live)
 from .evaluation import evaluate
 from .logs import MetricsCSV, TensorBoard
@@ -188,6 +189,8 @@ class Trainer:
         self.final_results: Dict[str, Dict[str, float]] = {}
         self._eval_s = 0.0
         self.timing = {"steps": 0, "time": 0.0, "wait": 0.0, "samples": 0}
+        self.epoch_timer = EpochTimer(steps_per_epoch=self.steps_per_epoch, device=self.device,
+                                      warmup=t.epoch_time_warmup, steps=t.epoch_time_steps)
         if ckpt is not None:
             self._load_state(ckpt)
             self.log(f"[est.train] resumed from {self.resumed_from} at step {self.step} (epoch {self.epoch}, batch {self.position})")
@@ -447,6 +450,9 @@ class Trainer:
                     if loss is not None:
                         win["loss"] += loss
                         win["n"] += 1
+                    estimate = self.epoch_timer.step_done(self._eval_s)
+                    if estimate:
+                        self.log(estimate)
                     if self.step % t.log_every == 0 or self.step == self.total_steps:
                         self._log_train(win, bar)
                     if bar is not None:
@@ -471,6 +477,9 @@ class Trainer:
                         self._eval_and_checkpoint()
         if bar is not None:
             bar.close()
+        estimate = self.epoch_timer.finish(self._eval_s)  # a run shorter than warm-up + timed steps
+        if estimate:
+            self.log(estimate)
         if status == "interrupted":
             self.save("last.pt")
             self.log(f"[est.train] interrupted: saved {os.path.join(self.run_dir, 'last.pt')} at step {self.step}; "
