@@ -29,6 +29,16 @@ from est.so3 import random_rotation, wigner_D  # noqa: E402
 
 
 def configs(L: int):
+    """(name, config) pairs; a config equal to one already listed (e.g. the default among the sweeps) is
+    listed once, under its first name."""
+    seen = []
+    for name, cfg in _configs(L):
+        if cfg not in seen:
+            seen.append(cfg)
+            yield name, cfg
+
+
+def _configs(L: int):
     eqv2_grid = GridConfig(kind="equiangular", resolution=(18, 18))
     common = dict(ffn_grid=eqv2_grid, ffn_hidden_channels=128)
     design = lambda t: GridConfig(kind="design", degree=t, normalization="quadrature")  # noqa: E731
@@ -43,7 +53,7 @@ def configs(L: int):
                                                                       **previous)
     yield "per-point ST only, t=3L", preset_config("default", lmax=L, channels=128, grid=design(3 * L),
                                                     **dict(previous, num_steerable_experts=0))
-    for t, r in [(3 * L, 2), (4 * L, 1), (4 * L, 2), (4 * L, 4)]:
+    for t, r in [(3 * L, 2), (4 * L, 1), (4 * L, 2), (4 * L, 4), (default_degree(L), 1)]:
         yield f"irreps proj., r={r}, t={t}", preset_config("default", lmax=L, channels=128, grid=design(t), mlp_ratio=r)
     yield f"irreps proj., r=2, t={default_degree(L)}, 4 heads", preset_config("default", lmax=L, channels=128, num_heads=4)
     yield f"irreps proj., r=2, t={default_degree(L)}, no encoding", preset_config("default", lmax=L, channels=128,
