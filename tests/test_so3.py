@@ -194,3 +194,16 @@ def test_wigner_gradients_exact_for_edges_along_the_pole():
                          dtype=torch.float64, requires_grad=True)
     weights = torch.randn(16, 16, dtype=torch.float64)
     assert torch.autograd.gradcheck(lambda e: (wigner_D(3, edge_rotation(e)) * weights).sum(), (edges,))
+
+
+def test_split_scalar_is_the_l0_row_and_the_rest_with_gradients():
+    from est.so3 import split_scalar
+
+    x = torch.randn(4, 9, 3, dtype=torch.float64, requires_grad=True)
+    x0, rest = split_scalar(x)
+    assert x0.shape == (4, 1, 3) and rest.shape == (4, 8, 3)
+    assert torch.equal(torch.cat([x0, rest], dim=1), x)
+    (2 * x0.sum() + 3 * rest.sum()).backward()
+    expected = torch.full_like(x, 3.0)
+    expected[:, 0] = 2.0
+    assert torch.equal(x.grad, expected)

@@ -41,7 +41,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..so3 import degree_index, m_major_index, num_coefficients
+from ..so3 import degree_index, m_major_index, num_coefficients, split_scalar
 from ..so3._layout import check_lmax
 from ..sphere import DEGREE_SCALINGS, degree_scale, sphere_points, transform_matrices
 from .edges import m_major_degrees
@@ -169,7 +169,7 @@ class SeparableS2Activation(nn.Module):
                 f"{tuple(gates.shape)} and x {tuple(x.shape)}"
             )
         y = self.grid(x)  # [*, K', C]
-        return torch.cat([self.scalar_act(gates)[:, None, :], y.split([1, y.shape[1] - 1], dim=1)[1]], dim=1)
+        return torch.cat([self.scalar_act(gates)[:, None, :], split_scalar(y)[1]], dim=1)
 
 
 class GateActivation(nn.Module):
@@ -199,5 +199,5 @@ class GateActivation(nn.Module):
             raise ValueError(f"{name}: gates must be [E, L*C={self.lmax * self.channels}], got {tuple(gates.shape)}")
         g = torch.sigmoid(gates).view(-1, self.lmax, self.channels)  # [E, L, C]
         g = g.index_select(1, self.gate_index)  # [E, K'-1, C]
-        x0, xr = x.split([1, x.shape[1] - 1], dim=1)  # [E, 1, C], [E, K'-1, C] (split: one cat in backward)
+        x0, xr = split_scalar(x)  # [E, 1, C], [E, K'-1, C]
         return torch.cat([nn.functional.silu(x0), xr * g], dim=1)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..so3._layout import check_lmax, degree_index, num_coefficients
+from ..so3._layout import check_lmax, degree_index, num_coefficients, split_scalar
 
 __all__ = ["EquivariantLayerNorm", "EquivariantRMSNorm", "build_norm", "NORM_KINDS"]
 
@@ -63,7 +63,7 @@ class EquivariantLayerNorm(_DegreeNorm):
         x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         if self.lmax == 0:
             return nn.functional.layer_norm(x, (self.channels,), self.weight[0], self.bias, self.eps).to(dtype)
-        x0, xr = x.split([1, x.shape[1] - 1], dim=1)  # [N, 1, C], [N, K-1, C] (split: one cat in backward)
+        x0, xr = split_scalar(x)  # [N, 1, C], [N, K-1, C]
         x0 = nn.functional.layer_norm(x0, (self.channels,), self.weight[0], self.bias, self.eps)
         w = self.rms_weights[1:].to(x.dtype)  # [K-1]
         var = (xr.pow(2).mean(-1) * w).sum(-1, keepdim=True)  # [N, 1]
@@ -85,14 +85,13 @@ class EquivariantRMSNorm(_DegreeNorm):
         _check_features(x, self.lmax, self.channels, type(self).__name__)
         dtype = x.dtype
         x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        sizes = [1, x.shape[1] - 1]
         if self.centering:
-            x0, xr = x.split(sizes, dim=1)  # [N, 1, C], [N, K-1, C] (split: one cat in backward)
+            x0, xr = split_scalar(x)  # [N, 1, C], [N, K-1, C]
             x = torch.cat([x0 - x0.mean(-1, keepdim=True), xr], dim=1)
         w = self.rms_weights.to(x.dtype)  # [K]
         var = (x.pow(2).mean(-1) * w).sum(-1, keepdim=True)  # [N, 1]
         out = x * torch.rsqrt(var + self.eps)[..., None] * self.weight[self.degree]  # [N, K, C]
-        out0, outr = out.split(sizes, dim=1)
+        out0, outr = split_scalar(out)
         return torch.cat([out0 + self.bias, outr], dim=1).to(dtype)
 
 

@@ -58,6 +58,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from ..so3 import split_scalar
 from ..sphere.masters import Float64Masters
 from .grid import GridConfig, check_features, check_float16_output, check_positive, is_float16, warn_float16
 from .linear import DegreeLinear
@@ -195,7 +196,7 @@ class SphericalTransformer(Float64Masters):
             y = self.sft.from_sphere(F.silu(o), rotation=D)  # [N, K, E*M]
             y = (y.unflatten(-1, (E, self.hidden)) * gates[:, None, :, None]).flatten(-2)  # [N, K, E*M]
             out = self.out(y)  # [N, K, C]
-        out = torch.cat([h0[:, None], out.split([1, out.shape[1] - 1], dim=1)[1]], dim=1)  # [N, K, C]
+        out = torch.cat([h0[:, None], split_scalar(out)[1]], dim=1)  # [N, K, C]
         if fp16 and self.check_inputs:
             check_float16_output(out, "SphericalTransformer")
         return out

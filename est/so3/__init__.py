@@ -13,6 +13,7 @@ from ._layout import (
     m_major_sizes,
     num_coefficients,
     order_index,
+    split_scalar,
     to_m_major,
 )
 from ._wigner import (
@@ -30,6 +31,7 @@ from ._wigner import (
 __all__ = [
     "spherical_harmonics",
     "wigner_D",
+    "split_scalar",
     "wigner_D_from_angles",
     "matrix_to_angles",
     "angles_to_matrix",

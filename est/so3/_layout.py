@@ -25,6 +25,7 @@ __all__ = [
     "to_m_major",
     "from_m_major",
     "check_lmax",
+    "split_scalar",
 ]
 
 
@@ -46,6 +47,16 @@ def lmax_from_num_coefficients(num: int) -> int:
     if lmax < 0 or (lmax + 1) ** 2 != num:
         raise ValueError(f"{num} coefficients is not (L+1)^2 for any degree L")
     return lmax
+
+
+def split_scalar(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [N, K, C] -> (x0 [N, 1, C], x_rest [N, K-1, C])``: the l = 0 row and the others.
+
+    A split, not two slices: its backward is one ``cat``, where each slice's
+    backward would zero-fill and copy a gradient the size of ``x``.
+    """
+    x0, rest = x.split([1, x.shape[1] - 1], dim=1)
+    return x0, rest
 
 
 @functools.lru_cache(maxsize=None)
