@@ -66,6 +66,24 @@ def save(name: str, payload: dict) -> Path:
     return path
 
 
+def merge_runs(name: str, runs: dict[str, dict[str, list[dict]]], *, compatible) -> dict[str, dict[str, list[dict]]]:
+    """``runs`` (``{group: {model: [record, ...]}}``, records with a ``"seed"``) merged into the runs stored
+    in ``benchmarks/results/<name>.json``, so that a call with a subset of the models or seeds does not drop
+    the others: a stored (group, model, seed) this call did not produce is kept, one it did produce is
+    replaced. Nothing is kept unless ``compatible(stored_payload)`` (same options and budget)."""
+    path = RESULTS / f"{name}.json"
+    stored = json.loads(path.read_text()) if path.exists() else {}
+    if not stored or not compatible(stored):
+        return runs
+    merged = {g: {m: list(recs) for m, recs in models.items()} for g, models in stored.get("runs", {}).items()}
+    for g, models in runs.items():
+        for m, recs in models.items():
+            new = {r["seed"] for r in recs}
+            kept = [r for r in merged.get(g, {}).get(m, []) if r["seed"] not in new]
+            merged.setdefault(g, {})[m] = sorted(kept + list(recs), key=lambda r: r["seed"])
+    return merged
+
+
 def rel_equivariance_error(f, x: torch.Tensor, Ds: torch.Tensor) -> float:
     """max over rotations of ``||f(D x) - D f(x)|| / ||D f(x)||``."""
     worst = 0.0

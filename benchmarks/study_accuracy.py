@@ -49,7 +49,7 @@ Wall times of concurrent jobs share the machine: compare them within one table.
 
     python benchmarks/study_accuracy.py                       # both data sets, 3 seeds, 2 jobs
     python benchmarks/study_accuracy.py --data emt --models fairchem est-default --seeds 0
-    python benchmarks/study_accuracy.py --quick --no-save     # smoke run (a few steps)
+    python benchmarks/study_accuracy.py --quick               # smoke run (a few steps, never saved)
     python benchmarks/study_accuracy.py --tables-only         # tables from the stored runs
 """
 from __future__ import annotations
@@ -73,7 +73,7 @@ if __name__ == "__main__":
     fe.reexec_in_baseline_env()
 
 import common  # noqa: E402
-from common import save, trained_rotation_error  # noqa: E402
+from common import merge_runs, save, trained_rotation_error  # noqa: E402
 
 PREVIOUS_DEFAULT = ["model.est.num_steerable_experts=1", "model.est.projections=points", "model.est.mlp_ratio=4",
                     "model.est.grid.kind=design", "model.est.grid.degree={t3}", "model.est.steerable_grid.kind=design",
@@ -218,7 +218,9 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="smoke run: 4 steps on 200 samples (own run folder)")
     p.add_argument("--fresh", action="store_true", help="rerun jobs that already have a result")
     p.add_argument("--tables-only", action="store_true", help="no training: tables from the stored results")
-    p.add_argument("--no-save", action="store_true", help="do not write benchmarks/results/<--save-as>.json")
+    p.add_argument("--no-save", action="store_true",
+                   help="do not write benchmarks/results/<--save-as>.json (--quick never does; otherwise the "
+                        "runs of other models and seeds already stored there are kept)")
     p.add_argument("--save-as", default="accuracy", help="results name (benchmarks/results/NAME.json)")
     p.add_argument("--override", nargs="*", default=[], metavar="KEY=VALUE",
                    help="config overrides added to every run (use a separate --root), e.g. model.grid_resolution=[18,18]")
@@ -243,10 +245,14 @@ def main(argv=None) -> int:
                 if d in ONLY_ON.get(m, DATASETS) and (args.fresh or not (run_dir(root, d, m, s) / "result.json").exists())]
         launch(jobs, root, (QUICK if args.quick else []) + list(args.override), args.jobs, args.fresh)
     results = load_results(root, args.data, args.models, args.seeds)
+    saving = bool(results) and not (args.no_save or args.quick)  # a smoke run never replaces real results
+    if saving:  # runs of the other models and seeds already in <save-as>.json stay
+        results = merge_runs(args.save_as, results, compatible=lambda old: old.get("overrides", []) == args.override)
     text = tables(results)
-    if not args.no_save and results:
+    if saving:
+        seeds = sorted({r["seed"] for models in results.values() for recs in models.values() for r in recs})
         path = save(args.save_as, dict(description=__doc__.split("\n\n")[0], datasets=DATASETS, models=MODELS,
-                                     seeds=args.seeds, wall_s=time.perf_counter() - t0, fairchem=fe.fairchem_version(),
+                                     seeds=seeds, wall_s=time.perf_counter() - t0, fairchem=fe.fairchem_version(),
                                      overrides=args.override, runs=results, tables=text))
         print(f"[accuracy] wrote {path}")
     return 0

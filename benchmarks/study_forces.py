@@ -623,6 +623,9 @@ def main(argv=None) -> int:
                                                  *(["--md-ps", str(args.md_ps)] if args.md_ps is not None else [])],
                       run_dir=lambda job: run_dir(root, *job), parallel=args.jobs, tag="forces")
     results = common.load_results(jobs, lambda job: run_dir(root, *job))
+    if results and not args.quick:  # runs of the other molecules, models and seeds already in forces.json stay
+        results = common.merge_runs("forces", results, compatible=lambda old: old.get("budget") == asdict(budget)
+                                    and old.get("mace_dtype") == args.mace_dtype)
     text = tables(results, clock=args.clock)
     for name, tbl in text.items():
         print(f"### {name}\n\n{tbl}\n", flush=True)
@@ -633,7 +636,7 @@ def main(argv=None) -> int:
               f"{projection(results, FULL)}\n", flush=True)
     plots = plot_curves(results, (root if args.quick else common.RESULTS) / "plots", clock=args.clock)
     payload = dict(description=__doc__.split("\n\n")[0], shape=SHAPE, models=MODELS, budget=asdict(budget),
-                   seeds=args.seeds, clock=args.clock, data_dir=str(data_dir), mace_dtype=args.mace_dtype,
+                   seeds=sorted({r["seed"] for ms in results.values() for recs in ms.values() for r in recs}), clock=args.clock, data_dir=str(data_dir), mace_dtype=args.mace_dtype,
                    wall_s=time.perf_counter() - t0, runs=results, tables=text)
     manifest = data_dir / "manifest.json"
     if manifest.exists():

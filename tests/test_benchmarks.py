@@ -88,6 +88,23 @@ def test_accuracy_tables_pair_seeds_and_ratios(bench_modules):
     assert "accuracy-qm9" not in only_ablations  # a run of ablation models alone renders without the main table
 
 
+def test_merge_runs_keeps_other_models_and_seeds(bench_modules, monkeypatch, tmp_path):
+    """A study called with a subset of models or seeds must not drop the stored others (it did, twice)."""
+    import json
+
+    common = importlib.import_module("common")
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    stored = {"emt": {"fairchem": [{"seed": 0, "v": 1}, {"seed": 1, "v": 2}], "est-ffn": [{"seed": 0, "v": 3}]}}
+    (tmp_path / "parity.json").write_text(json.dumps({"overrides": [], "runs": stored}))
+    new = {"emt": {"est-ffn": [{"seed": 1, "v": 4}, {"seed": 0, "v": 5}]}, "qm9": {"fairchem": [{"seed": 3, "v": 6}]}}
+    same = common.merge_runs("parity", new, compatible=lambda old: old["overrides"] == [])
+    assert same["emt"]["fairchem"] == stored["emt"]["fairchem"]  # another model: kept
+    assert [r["v"] for r in same["emt"]["est-ffn"]] == [5, 4]  # re-run seeds replace, sorted by seed
+    assert same["qm9"] == new["qm9"]
+    assert common.merge_runs("parity", new, compatible=lambda old: False) == new  # other options: nothing kept
+    assert common.merge_runs("absent", new, compatible=lambda old: True) == new
+
+
 def test_readme_blocks_replaced_only_by_name(bench_modules):
     _, summary = bench_modules
     text = "a\n<!-- summary:x -->\nold\n<!-- /summary:x -->\nb\n<!-- summary:y -->\nkeep\n<!-- /summary:y -->\n"
