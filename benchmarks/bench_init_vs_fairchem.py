@@ -3,7 +3,7 @@
 
 Both models are built at the same shape (``fairchem_eqv2.comparable_config``);
 every fairchem parameter is paired with est's parameter of the mapped name
-(``bench_parity_vs_fairchem.est_name``). Per kind of parameter, the table
+(``fairchem_eqv2.est_name``). Per kind of parameter, the table
 gives the median and the range of ``std(est) / std(fairchem)`` over the
 tensors of that kind (1 = same distribution scale) and the share of tensors
 whose mean differs from fairchem's by more than 3 standard errors. Biases are
@@ -27,7 +27,6 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402
 
-from bench_parity_vs_fairchem import est_name  # noqa: E402
 from common import print_table, save  # noqa: E402
 
 
@@ -51,7 +50,7 @@ def compare(shape: str, seed: int) -> list[dict]:
     name = {"tiny": "eqv2-tiny", "small": "eqv2-small"}[shape]
     cfg = fe.comparable_config(name, num_layers=2, cutoff=6.0, max_neighbors=20)
     torch.manual_seed(seed)
-    theirs = {est_name(n): p.detach() for n, p in fe.FairchemModel(cfg).model.named_parameters()}
+    theirs = {fe.est_name(n): p.detach() for n, p in fe.FairchemModel(cfg).model.named_parameters()}
     rows = []
     stats: dict[str, dict[str, list[float]]] = {}
     for init in ("torch", "eqv2"):

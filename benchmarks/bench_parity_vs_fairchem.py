@@ -3,7 +3,7 @@
 
 fairchem-core 1.10.0's EquiformerV2 is built at a shape
 (``fairchem_eqv2.comparable_config``), its weights are copied into est's
-model of the same config by parameter name (:func:`fairchem_to_est`: a
+model of the same config by parameter name (:func:`fairchem_eqv2.fairchem_to_est`: a
 fixed renaming, no reshaping), and both predict energy and forces for the
 same structures in float64 (eval mode). Reported: relative differences
 ``max |est - fairchem| / max |fairchem|``, next to fairchem's own
@@ -16,7 +16,6 @@ below which the two libraries cannot be compared).
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
@@ -30,49 +29,6 @@ if __name__ == "__main__":
 import torch  # noqa: E402
 
 from common import print_table, save, setup_threads  # noqa: E402
-
-#: fairchem parameter name -> est parameter name (applied in order)
-RENAMES: list[tuple[str, str]] = [
-    (r"^model\.", ""),
-    (r"^backbone\.sphere_embedding\.", "backbone.atom_embedding."),
-    (r"^backbone\.edge_degree_embedding\.", "backbone.edge_degree."),
-    (r"^output_heads\.energy\.energy_block\.", "energy_head.ffn."),
-    (r"^output_heads\.forces\.force_block\.", "force_head.attention."),
-    (r"^backbone\.blocks\.(\d+)\.norm_1\.", r"backbone.attention_blocks.\1.norm."),
-    (r"^backbone\.blocks\.(\d+)\.ga\.", r"backbone.attention_blocks.\1.attention."),
-    (r"^backbone\.blocks\.(\d+)\.norm_2\.", r"backbone.update_blocks.\1.ffns.0.norm."),
-    (r"^backbone\.blocks\.(\d+)\.ffn\.", r"backbone.update_blocks.\1.ffns.0."),
-    (r"^backbone\.norm\.", "backbone.final_norm."),
-    (r"\.affine_weight$", ".weight"),
-    (r"\.affine_bias$", ".bias"),
-    (r"\.(source|target)_embedding\.", r".elements.\1."),
-    (r"\.rad_func\.net\.", ".radial."),
-    (r"\.so2_m_conv\.(\d+)\.fc\.", r".fc_m.\1."),
-    (r"\.so3_linear_1\.", ".linear_in."),
-    (r"\.so3_linear_2\.", ".linear_out."),
-    (r"\.scalar_mlp\.", ".scalar."),
-]
-
-
-def est_name(name: str) -> str:
-    for pattern, repl in RENAMES:
-        name = re.sub(pattern, repl, name)
-    return name
-
-
-def fairchem_to_est(fairchem_model, est_model) -> None:
-    """Copy every fairchem parameter into the est parameter of the mapped name (shapes must agree)."""
-    theirs = {est_name(n): p for n, p in fairchem_model.named_parameters()}
-    ours = dict(est_model.named_parameters())
-    missing, extra = sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours))
-    if missing or extra:
-        raise KeyError(f"parameter names do not map: est-only {missing[:5]}, fairchem-only {extra[:5]}")
-    with torch.no_grad():
-        for name, p in ours.items():
-            if p.shape != theirs[name].shape:
-                raise ValueError(f"{name}: est {tuple(p.shape)} vs fairchem {tuple(theirs[name].shape)}")
-            p.copy_(theirs[name])
-
 
 def structures():
     from ase.build import molecule
@@ -90,7 +46,7 @@ def compare(shape: str, layers: int, calls: int, seed: int) -> list[dict]:
     torch.manual_seed(seed)
     theirs = fe.FairchemModel(cfg).double().eval()
     ours = EquiformerV2(cfg).double().eval()
-    fairchem_to_est(theirs.model, ours)
+    fe.fairchem_to_est(theirs.model, ours)
     f_fc, f_est = fe.fairchem_callable(theirs), fe.fairchem_callable(ours)
     rows = []
     for sname, atoms in structures().items():

@@ -23,10 +23,12 @@ Models (the shape of ``eqv2-tiny``, L = 3, 2 layers, 32 channels; QM9 uses the
 * training parity, one factor at a time on ``est-ffn``: ``est-ffn-eqv2init``
   (EquiformerV2's weight initialisation), ``est-ffn-strict`` (exactly
   ``max_neighbors`` neighbours, ties broken), ``est-ffn-roll`` (random edge-frame
-  roll in training), ``est-ffn-fairchem`` (all three)::
+  roll in training), ``est-ffn-fairchem`` (all three), ``est-ffn-twin`` (all
+  three, starting from the weights fairchem's model draws for the same seed, so
+  the pair differs only in the code, not in the initial draw)::
 
       python benchmarks/study_accuracy.py --data emt --seeds 0 1 2 3 4 --root runs/parity --save-as parity \
-          --models fairchem est-ffn est-ffn-eqv2init est-ffn-strict est-ffn-roll est-ffn-fairchem
+          --models fairchem est-ffn est-ffn-eqv2init est-ffn-strict est-ffn-roll est-ffn-fairchem est-ffn-twin
 
 Data sets (both offline):
 
@@ -102,6 +104,10 @@ MODELS: dict[str, list[str]] = {
     "est-ffn-roll": ["model.update=ffn", "model.edge_roll=true"],
     "est-ffn-fairchem": ["model.update=ffn", "model.weight_init=eqv2", "model.neighbor_tie_mode=strict",
                          "model.edge_roll=true"],
+    # est's model started from fairchem's initial weights of the same seed (and its data order): paired
+    # with fairchem's run of that seed, only the code that computes and trains the model differs
+    "est-ffn-twin": ["+model._target_=fairchem_eqv2.est_twin", "model.update=ffn", "model.neighbor_tie_mode=strict",
+                     "model.edge_roll=true"],
 }
 #: models defined on some data sets only (the S sweep's degrees are for QM9's L = 2)
 ONLY_ON: dict[str, set[str]] = {m: {"qm9"} for m in ("est-t4", "est-t8", "est-t12", "est-default-t8", "est-default-t12")}

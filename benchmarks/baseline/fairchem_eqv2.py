@@ -19,6 +19,9 @@ then skip the baseline columns.
   {"energy" [B], "forces" [N, 3]}``; molecules (all ``pbc`` False) go into a
   cubic periodic box larger than their extent plus twice the cutoff
   (fairchem's non-periodic path needs torch-cluster).
+* :func:`fairchem_to_est`: fairchem's weights into est's model of the same
+  config (a fixed renaming, :func:`est_name`); :func:`est_twin`: est's model
+  starting from fairchem's initial weights of a seed (``model._target_``).
 * :func:`fairchem_callable`: ``fn(positions, numbers, cell, pbc) -> dict`` for
   ``est.testing.check_model``.
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -350,6 +354,67 @@ def trainable(*, name: str, **overrides) -> FairchemModel:
     if not available():
         raise RuntimeError(unavailable_reason())
     return FairchemModel(comparable_config(name, **overrides))
+
+
+def est_twin(*, name: str, **overrides) -> nn.Module:
+    """``model._target_`` factory: est's EquiformerV2 at ``comparable_config(name, **overrides)`` starting
+    from the very weights :func:`trainable` draws for the same seed (:func:`fairchem_to_est`).
+
+    The random state after the build is the one :func:`trainable` leaves, so with the same seed
+    the data order matches too: a run of the twin differs from fairchem's run of that seed only
+    in the code that computes and trains the model, not in the initial draw (training parity).
+    """
+    from est.models import EquiformerV2
+
+    theirs = trainable(name=name, **overrides)
+    state = torch.random.get_rng_state()
+    ours = EquiformerV2(theirs.config)
+    torch.random.set_rng_state(state)
+    fairchem_to_est(theirs.model, ours)
+    return ours
+
+
+#: fairchem parameter name -> est parameter name (applied in order)
+RENAMES: list[tuple[str, str]] = [
+    (r"^model\.", ""),
+    (r"^backbone\.sphere_embedding\.", "backbone.atom_embedding."),
+    (r"^backbone\.edge_degree_embedding\.", "backbone.edge_degree."),
+    (r"^output_heads\.energy\.energy_block\.", "energy_head.ffn."),
+    (r"^output_heads\.forces\.force_block\.", "force_head.attention."),
+    (r"^backbone\.blocks\.(\d+)\.norm_1\.", r"backbone.attention_blocks.\1.norm."),
+    (r"^backbone\.blocks\.(\d+)\.ga\.", r"backbone.attention_blocks.\1.attention."),
+    (r"^backbone\.blocks\.(\d+)\.norm_2\.", r"backbone.update_blocks.\1.ffns.0.norm."),
+    (r"^backbone\.blocks\.(\d+)\.ffn\.", r"backbone.update_blocks.\1.ffns.0."),
+    (r"^backbone\.norm\.", "backbone.final_norm."),
+    (r"\.affine_weight$", ".weight"),
+    (r"\.affine_bias$", ".bias"),
+    (r"\.(source|target)_embedding\.", r".elements.\1."),
+    (r"\.rad_func\.net\.", ".radial."),
+    (r"\.so2_m_conv\.(\d+)\.fc\.", r".fc_m.\1."),
+    (r"\.so3_linear_1\.", ".linear_in."),
+    (r"\.so3_linear_2\.", ".linear_out."),
+    (r"\.scalar_mlp\.", ".scalar."),
+]
+
+
+def est_name(name: str) -> str:
+    for pattern, repl in RENAMES:
+        name = re.sub(pattern, repl, name)
+    return name
+
+
+def fairchem_to_est(fairchem_model, est_model) -> None:
+    """Copy every fairchem parameter into the est parameter of the mapped name (shapes must agree)."""
+    theirs = {est_name(n): p for n, p in fairchem_model.named_parameters()}
+    ours = dict(est_model.named_parameters())
+    missing, extra = sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours))
+    if missing or extra:
+        raise KeyError(f"parameter names do not map: est-only {missing[:5]}, fairchem-only {extra[:5]}")
+    with torch.no_grad():
+        for name, p in ours.items():
+            if p.shape != theirs[name].shape:
+                raise ValueError(f"{name}: est {tuple(p.shape)} vs fairchem {tuple(theirs[name].shape)}")
+            p.copy_(theirs[name])
 
 
 def fairchem_callable(model: FairchemModel):
