@@ -120,6 +120,42 @@ def test_irreps_projections_are_the_per_point_transformer_reassociated():
     assert torch.allclose(out[:, 0], st.scalar(x[:, 0]), atol=1e-14)
 
 
+@pytest.mark.parametrize("heads,encoding,grid", [(1, "concat", GridConfig(kind="design", degree=16)),
+                                                 (2, "bias", GridConfig(kind="gauss-legendre")),
+                                                 (4, "none", GridConfig(kind="equiangular", resolution=(10, 9)))])
+def test_factored_attention_is_the_point_attention(heads, encoding, grid):
+    """Band-limited Q, K, V: attention through the K coefficients (Y A_q A_k^T Y^T, (P Y) A_v) equals the
+    attention on the S points in value, gradient and second derivative (gradient forces train through both),
+    with rotated grids, several heads, every encoding and non-uniform quadrature weights."""
+    torch.manual_seed(0)
+    st = SphericalTransformer(lmax=3, channels=32, projections="irreps", mlp_ratio=2, num_heads=heads,
+                              encoding=encoding, grid=grid).double()
+    if encoding == "bias":
+        torch.nn.init.normal_(st.bias_coeff)
+    x = torch.randn(4, 16, 32, dtype=torch.float64, requires_grad=True)
+    R = random_rotation(4, generator=torch.Generator().manual_seed(1))
+    rot = (wigner_D(3, R), R)
+    results = []
+    for factored in (True, False):
+        st.factored = factored
+        y = st(x, rotation=rot)
+        g, = torch.autograd.grad(y.pow(2).sum(), x, create_graph=True)
+        gg, = torch.autograd.grad(g.pow(3).sum(), x)
+        results.append((y, g, gg))
+    for a, b in zip(*results):
+        assert (a - b).abs().max() <= 1e-12 * b.abs().max()
+
+
+def test_factored_attention_is_chosen_where_it_is_cheaper():
+    """One head: the S x S products cost 2K per point pair instead of C + 2C (the default block's form);
+    per-point projections are not band-limited and keep the point form."""
+    assert SphericalTransformer(lmax=3, channels=32, projections="irreps", mlp_ratio=2).factored
+    assert SphericalTransformer(lmax=6, channels=128, projections="irreps", mlp_ratio=2).factored
+    assert not SphericalTransformer(lmax=6, channels=32, projections="irreps", mlp_ratio=1, num_heads=4).factored
+    assert not SphericalTransformer(lmax=3, channels=32, projections="points").factored
+    assert ESTBlock(lmax=3, channels=32).spherical.factored  # the default block
+
+
 def test_paper_preset_matches_released_module():
     block = ESTBlock(preset="paper", lmax=6, channels=8)
     cfg = block.config

@@ -41,6 +41,22 @@ coefficients instead of S points, and the expert MLP's hidden width
 ``mlp_ratio * C`` carried by the values. The only per-point work left is the
 attention itself and one SiLU.
 
+With ``"irreps"`` projections the queries, keys and values are band-limited:
+:math:`Q = YA_q`, :math:`K = YA_k`, :math:`V = YA_v` with the sampling matrix
+:math:`Y \in \mathbb{R}^{S\times K}` and coefficient matrices :math:`A`. Per head
+the attention is then evaluated through the K coefficients instead of the S
+points,
+
+.. math::
+    QK^\top = Y\,(A_q A_k^\top)\,Y^\top,\qquad
+    \mathrm{softmax}(\cdot)\,V = \big(\mathrm{softmax}(\cdot)\,Y\big)\,A_v,
+
+the same function with :math:`S^2 K` multiply-adds per head for each product
+instead of :math:`S^2 d` and :math:`S^2 d_v` (:meth:`SphericalTransformer.factored`
+says which form a module uses: the cheaper one by this count). At the
+default (one head, :math:`d = C`, :math:`d_v = 2C`, K = 16 at L = 3) the
+:math:`S \times S` products cost :math:`2K / 3C` of the point form.
+
 Everything acting per point commutes with a rotation of the points, so the
 module is exactly as equivariant as the point set lets the transform pair be
 (measured in ``benchmarks/bench_est_block.py``). In training, a random
@@ -144,6 +160,11 @@ class SphericalTransformer(Float64Masters):
             self.register_master("legendre", torch.from_numpy(table))  # [D+1, S, S]
             self.bias_coeff = nn.Parameter(torch.zeros(cfg.num_heads, cfg.bias_degree + 1))  # [H, D+1]
         self.check_inputs = True
+        #: evaluate the attention through the K coefficients (see the module doc): "irreps" projections only,
+        #: where it needs fewer multiply-adds in the S x S products than the point form
+        K, H = (L + 1) ** 2, cfg.num_heads
+        width = 2 * C + E * cfg.mlp_ratio * C  # q, k and v channels over all heads
+        self.factored = cfg.projections == "irreps" and 2 * H * K < width
 
     def _attention_bias(self, dtype) -> torch.Tensor | None:
         bias = None
@@ -165,6 +186,19 @@ class SphericalTransformer(Float64Masters):
         # (create_graph=True), which the fused CPU/GPU kernels do not support; no_grad inference may fuse
         with sdpa_kernel(SDPBackend.MATH) if torch.is_grad_enabled() else contextlib.nullcontext():
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=self.scale)  # [N, H, S, d_v]
+        return o.transpose(1, 2).flatten(-2)  # [N, S, H * d_v]
+
+    def _attend_factored(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The attention of :meth:`_attend` on band-limited inputs given by their coefficients:
+        ``[N, K, *] x 3 -> [N, S, v's width]`` (``Y``: the sampling matrix, ``[S, K]``)."""
+        H = self.config.num_heads
+        Y = self.sft.to_matrix.to(q.dtype)  # [S, K]
+        q, k, v = (t.unflatten(-1, (H, -1)).transpose(1, 2) for t in (q, k, v))  # [N, H, K, d]
+        a = (q * self.scale) @ k.transpose(-1, -2)  # [N, H, K, K]: A_q A_k^T / sqrt(d)
+        logits = (a.transpose(-1, -2) @ Y.T).transpose(-1, -2) @ Y.T  # [N, H, S, S]: Y A Y^T
+        bias = self._attention_bias(logits.dtype)  # [S, S], [H, S, S] or None
+        weights = torch.softmax(logits if bias is None else logits + bias, dim=-1)  # [N, H, S, S] over the keys
+        o = (weights @ Y) @ v  # [N, H, S, d_v]
         return o.transpose(1, 2).flatten(-2)  # [N, S, H * d_v]
 
     def forward(
@@ -191,8 +225,14 @@ class SphericalTransformer(Float64Masters):
             out = self.sft.from_sphere(y, rotation=D)  # [N, K, C]
         else:
             C = cfg.channels
-            f = self.sft.to_sphere(self.qkv(self.norm(x)), rotation=D)  # [N, S, 2C + E*M]
-            o = self._attend(*f.split([C, C, f.shape[-1] - 2 * C], dim=-1))  # [N, S, E*M] (split: one cat in backward)
+            c = self.qkv(self.norm(x))  # [N, K, 2C + E*M]
+            sizes = [C, C, c.shape[-1] - 2 * C]
+            if self.factored:  # the same attention through the coefficients (rotating them rotates the grid)
+                c = c if D is None else D.transpose(-1, -2) @ c  # [N, K, 2C + E*M]
+                o = self._attend_factored(*c.split(sizes, dim=-1))  # [N, S, E*M]
+            else:
+                f = self.sft.to_sphere(c, rotation=D)  # [N, S, 2C + E*M]
+                o = self._attend(*f.split(sizes, dim=-1))  # [N, S, E*M] (split: one cat in backward)
             y = self.sft.from_sphere(F.silu(o), rotation=D)  # [N, K, E*M]
             y = (y.unflatten(-1, (E, self.hidden)) * gates[:, None, :, None]).flatten(-2)  # [N, K, E*M]
             out = self.out(y)  # [N, K, C]
