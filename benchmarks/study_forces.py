@@ -32,10 +32,17 @@ one epoch more) and equal time on one thread: every model records its learning
 curve, validation force MAE vs steps and vs seconds of optimisation
 (evaluations and start-up excluded), and the equal-time table reads two
 curves at the same second T = the shorter of the two runs (linear
-interpolation between evaluations). On a shared machine wall seconds depend on
-the load, so the default clock is CPU seconds (one thread: the wall-clock of an
-idle core); MACE logs wall seconds per step only, scaled by its run's CPU/wall
-ratio (``--clock wall`` uses wall seconds for all). The learning-rate schedule
+interpolation between evaluations). Runs made at different times see a
+different load on a shared machine (CPU seconds per step of one run moved by
+1.5x with the number of other jobs), so the default clock is the **step cost**:
+each est model's optimisation step (``Trainer.train_step`` on the same
+batches, one thread) is timed round-robin with the others in one process
+(:func:`calibrate`, ``ROOT/<molecule>/step_costs.json``; median CPU seconds
+of 7 rounds after 2 warm-up), and a curve's time is steps x that cost. MACE
+runs in its own environment and cannot be interleaved: its cost is its own
+run's CPU seconds per step (wall seconds scaled by the run's CPU/wall ratio),
+so ratios to MACE at equal time carry the load of that run. ``--clock cpu``
+/ ``wall`` use each run's own CPU / wall seconds instead. The learning-rate schedule
 follows the step budget, so a curve read before its end is mid-schedule: the
 faster model of a pair is compared at the end of its schedule.
 
@@ -113,8 +120,10 @@ LABELS = {"est-ffn": "est EquiformerV2 (`update=\"ffn\"`)", "est-default": "est 
 REFERENCE = "est-ffn"
 #: issue 17: EST default force MAE <= 0.90x est's EquiformerV2 at equal time (paired seeds)
 TARGET = ("est-default", 0.90)
-#: --clock -> the curve key holding that clock's seconds
-CLOCKS = {"cpu": "cpu_seconds", "wall": "seconds"}
+#: --clock -> the curve key holding that clock's seconds ("step-cost": steps x the model's interleaved step cost)
+CLOCKS = {"step-cost": "cost_seconds", "cpu": "cpu_seconds", "wall": "seconds"}
+CLOCK_WORDS = {"step-cost": "seconds by step cost (steps x each model's step time, timed round-robin)",
+               "cpu": "CPU seconds of each run", "wall": "wall seconds of each run"}
 CURVE_KEY = "forces_mae_meV_A"
 
 
@@ -211,6 +220,14 @@ def equal_time(recs: list[dict], base: list[dict], *, clock: str = "cpu") -> lis
     return out
 
 
+def _step_ms(recs: list[dict]) -> str:
+    """Milliseconds per optimisation step: the interleaved step cost (one number per model), else the mean
+    CPU ms/step of the runs (marked ``own runs``); before step costs existed, each run's own CPU ms/step."""
+    if recs[0].get("step_cost_source") == "interleaved":
+        return f"{1000.0 * recs[0]['step_cost_s']:.0f}"
+    return mean_sd([r["cpu_ms_per_step"] for r in recs]) + " (own runs)"
+
+
 def _ratios(ratios: list[float]) -> str:
     """``0.91 0.85 (2/2 lower)``; ``-`` for none, ``n/a`` for a ratio that could not be read (a curve not started at T)."""
     if not ratios:
@@ -244,7 +261,7 @@ def tables(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> 
                    "force cos": mean_sd([m["forces_cos"] for m in met]),
                    "forces / EquiformerV2": "" if model == REFERENCE or not ref else _ratios(paired(recs, ref, "forces_mae_meV_A")[0]),
                    "forces / MACE": "" if model == MACE or not mace else _ratios(paired(recs, mace, "forces_mae_meV_A")[0]),
-                   "CPU ms/step": mean_sd([r["cpu_ms_per_step"] for r in recs]),
+                   "ms/step": _step_ms(recs),
                    "rot. error (max)": f"{max(eq):.1e}" if eq else "-",
                    "abs NVE drift (meV/atom/ps)": mean_sd([abs(d["drift_meV_atom_ps"]) for d in md]),
                    "intact": f"{sum(bool(d['intact']) for d in md)}/{len(md)}" if md else "-"}
@@ -253,7 +270,7 @@ def tables(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> 
             vs_ref = equal_time(recs, ref, clock=clock) if ref and model != REFERENCE else []
             at = vs_ref or [read_at(r, curve_end(r["curve"], clock), clock) for r in recs]
             time_rows.append({
-                "model": LABELS.get(model, model), "seeds": len(recs), f"T ({clock} s)": mean_sd([a["T"] for a in at]),
+                "model": LABELS.get(model, model), "seeds": len(recs), "T (s)": mean_sd([a["T"] for a in at]),
                 "steps at T": mean_sd([a["steps"] for a in at]),
                 "val forces at T (meV/A)": mean_sd([a["value"] for a in at]),
                 "/ EquiformerV2 at T": _ratios([a["ratio"] for a in vs_ref]),
@@ -261,7 +278,7 @@ def tables(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> 
             })
         out[f"forces-{molecule}"] = markdown_table(steps_rows, list(steps_rows[0]))
         text = markdown_table(time_rows, list(time_rows[0])) + (
-            f"\n\nValidation force MAE read off the learning curves at T {clock} seconds of optimisation (one thread): "
+            f"\n\nValidation force MAE read off the learning curves at T {CLOCK_WORDS[clock]} of optimisation (one thread): "
             "per seed, T is the end of the shorter of the row's run and EquiformerV2's (EquiformerV2's row: its own end); "
             "the MACE ratio is read at the shorter of the row's run and MACE's; n/a: a curve with no evaluation by then.")
         target, bound = TARGET
@@ -270,7 +287,7 @@ def tables(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> 
             ratios = [p["ratio"] for p in pairs if not math.isnan(p["ratio"])]
             if ratios:
                 mean = statistics.fmean(ratios)
-                text += (f"\n\nTarget (issue 17): {target} / {REFERENCE} force MAE at equal {clock} time <= {bound:.2f}: "
+                text += (f"\n\nTarget (issue 17): {target} / {REFERENCE} force MAE at equal time ({CLOCK_WORDS[clock]}) <= {bound:.2f}: "
                          f"per seed {' '.join(f'{x:.2f}' for x in ratios)}, mean {mean:.2f}, "
                          f"{sum(x <= bound for x in ratios)}/{len(ratios)} seeds within: "
                          f"{'met' if mean <= bound else 'not met'}.")
@@ -298,7 +315,7 @@ def plot_curves(results: dict[str, dict[str, list[dict]]], plots: Path, *, clock
                 kw = dict(color=f"C{i}", lw=1.2, alpha=0.8, label=LABELS.get(model, model) if j == 0 else None)
                 axes[0].plot([p["step"] for p in c], y, **kw)
                 axes[1].plot([p[CLOCKS[clock]] for p in c], y, **kw)
-        for ax, xlabel in zip(axes, ("optimisation steps", f"optimisation {clock} seconds (one thread)")):
+        for ax, xlabel in zip(axes, ("optimisation steps", f"optimisation {CLOCK_WORDS[clock].split(' (')[0]} (one thread)")):
             ax.set_xlabel(xlabel)
             ax.set_ylabel("validation force MAE (meV/A)")
             ax.set_yscale("log")
@@ -474,6 +491,67 @@ def steady_ms_per_step(curve: list[dict], key: str = "cpu_seconds") -> float:
     return 1000.0 * (curve[-1][key] - curve[0][key]) / (curve[-1]["step"] - curve[0]["step"])
 
 
+def calibrate(molecule: str, models: list[str], data_dir: Path, budget: Budget, *, rounds: int = 7,
+              warmup: int = 2) -> dict[str, dict[str, float]]:
+    """``{model: {"cpu_s", "wall_s"}}``: median seconds of one optimisation step of each est model, timed
+    round-robin (every model once per round, the same training batch) in this process on one thread, so
+    that the machine's load falls on all models alike and their ratio is fair."""
+    import tempfile
+
+    import torch
+
+    from est.train import Trainer, load_config
+    from est.train.data import make_loader
+
+    torch.set_num_threads(1)
+    datasets = est_datasets(data_dir, molecule, budget)
+    times: dict[str, dict[str, list[float]]] = {m: {"cpu_s": [], "wall_s": []} for m in models}
+    with tempfile.TemporaryDirectory() as tmp:
+        trainers = {m: Trainer(load_config(est_overrides(m, data_dir, molecule, 0, Path(tmp) / m, budget)),
+                               datasets=datasets) for m in models}
+        first = trainers[models[0]]
+        batches = iter(make_loader(first.train_ds, first.sampler))
+        for r in range(warmup + rounds):
+            batch = next(batches)
+            for m, trainer in trainers.items():
+                w0, c0 = time.perf_counter(), time.process_time()
+                trainer.train_step(batch)
+                if r >= warmup:
+                    times[m]["wall_s"].append(time.perf_counter() - w0)
+                    times[m]["cpu_s"].append(time.process_time() - c0)
+    return {m: {k: statistics.median(v) for k, v in t.items()} | {"rounds": rounds} for m, t in times.items()}
+
+
+def step_costs(root: Path, molecule: str, models: list[str], data_dir: Path, budget: Budget, *,
+               fresh: bool = False) -> dict[str, dict[str, float]]:
+    """The stored step costs of ``ROOT/<molecule>/step_costs.json``, calibrated (all models together, so
+    they stay comparable) when one of ``models`` is missing or ``fresh``."""
+    path = Path(root) / molecule / "step_costs.json"
+    stored = json.loads(path.read_text()) if path.exists() else {}
+    wanted = sorted(set(models) | set(stored))
+    if fresh or any(m not in stored for m in models):
+        print(f"[forces] {molecule}: timing one training step of {', '.join(wanted)} round-robin", flush=True)
+        stored = calibrate(molecule, wanted, data_dir, budget)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(stored, indent=1))
+        os.replace(tmp, path)
+    return stored
+
+
+def with_step_cost_clock(results: dict[str, dict[str, list[dict]]], costs: dict[str, dict[str, dict]]) -> None:
+    """Add ``cost_seconds`` (steps x seconds per step) to every curve point, in place: an est model's
+    interleaved CPU cost from ``costs[molecule][model]``, else (MACE) its run's own CPU seconds per step."""
+    for molecule, per_model in results.items():
+        for model, recs in per_model.items():
+            for r in recs:
+                cal = costs.get(molecule, {}).get(model)
+                r["step_cost_s"] = cal["cpu_s"] if cal else r.get("cpu_ms_per_step", math.nan) / 1000.0
+                r["step_cost_source"] = "interleaved" if cal else "own run"
+                for p in r.get("curve") or []:
+                    p["cost_seconds"] = p["step"] * r["step_cost_s"]
+
+
 def run_est(molecule: str, model: str, seed: int, rd: Path, data_dir: Path, budget: Budget) -> dict[str, Any]:
     import torch
 
@@ -581,7 +659,8 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="smoke run: 12 steps on 48 frames, 0.1 ps MD, in ROOT/quick")
     p.add_argument("--md-ps", type=float, default=None, help="NVE length in ps (default 10; quick 0.1)")
     p.add_argument("--mace-dtype", default="float64", choices=["float64", "float32"])
-    p.add_argument("--clock", default="cpu", choices=list(CLOCKS), help="seconds of the equal-time comparison")
+    p.add_argument("--clock", default="step-cost", choices=list(CLOCKS), help="seconds of the equal-time comparison")
+    p.add_argument("--calibrate", action="store_true", help="re-time the est models' steps (step costs) before the tables")
     p.add_argument("--tables-only", action="store_true", help="no training: tables and plots from the stored runs")
     p.add_argument("--one", nargs=3, metavar=("MOLECULE", "MODEL", "SEED"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -626,6 +705,16 @@ def main(argv=None) -> int:
     if results and not args.quick:  # runs of the other molecules, models and seeds already in forces.json stay
         results = common.merge_runs("forces", results, compatible=lambda old: old.get("budget") == asdict(budget)
                                     and old.get("mace_dtype") == args.mace_dtype)
+    costs = {}
+    for molecule, per_model in results.items():
+        est_models = [m for m in per_model if m != MACE]
+        if est_models and not args.quick:
+            try:
+                costs[molecule] = step_costs(root, molecule, est_models, data_dir, budget,
+                                             fresh=args.calibrate and not args.tables_only)
+            except FileNotFoundError as exc:  # no data here: each run's own CPU seconds per step
+                print(f"[forces] {molecule}: no step costs ({exc})", flush=True)
+    with_step_cost_clock(results, costs)
     text = tables(results, clock=args.clock)
     for name, tbl in text.items():
         print(f"### {name}\n\n{tbl}\n", flush=True)

@@ -89,3 +89,24 @@ def test_tables_render_ratios_target_and_missing_models(sf):
     # no EquiformerV2 row: no ratios, no target line, own curve ends
     t2 = sf.tables({"ethanol": {"est-default": runs["ethanol"]["est-default"]}})
     assert "Target" not in t2["forces-ethanol-time"] and "lower" not in t2["forces-ethanol"]
+
+
+def test_step_cost_clock_uses_interleaved_costs_and_falls_back_for_mace(sf):
+    """Runs made under different machine loads: the default clock is steps x each model's interleaved step
+    cost, not each run's own CPU seconds (MACE, which cannot be interleaved, keeps its own run's cost)."""
+    runs = {"ethanol": {"est-ffn": [record("est-ffn", 0, 10.0, curve(5.0, [30.0, 20.0, 10.0]))],
+                        "est-default": [record("est-default", 0, 8.0, curve(9.0, [20.0, 10.0, 8.0]))],
+                        "mace": [record("mace", 0, 5.0, curve(4.0, [12.0, 6.0, 5.0]))]}}
+    sf.with_step_cost_clock(runs, {"ethanol": {"est-ffn": {"cpu_s": 2.0}, "est-default": {"cpu_s": 1.0}}})
+    d = runs["ethanol"]["est-default"][0]
+    assert [p["cost_seconds"] for p in d["curve"]] == [10.0, 20.0, 30.0] and d["step_cost_source"] == "interleaved"
+    mace = runs["ethanol"]["mace"][0]
+    assert mace["step_cost_s"] == pytest.approx(0.01) and mace["step_cost_source"] == "own run"
+    t = sf.tables(runs, clock="step-cost")
+    # est-default ends at 30 s (30 steps); est-ffn at 2 s/step is then at 15 steps (25 meV/A): 8 / 25
+    row = next(x for x in t["forces-ethanol-time"].splitlines() if "EST default" in x)
+    assert "| 0.32 (1/1 lower) |" in row
+    assert "by step cost" in t["forces-ethanol-time"]
+    steps = t["forces-ethanol"].splitlines()
+    assert "| 1000 |" in next(x for x in steps if "EST default" in x)  # ms per step, interleaved
+    assert "(own runs)" in next(x for x in steps if x.startswith("| MACE"))
