@@ -9,7 +9,10 @@ same structures in float64 (eval mode). Reported: relative differences
 ``max |est - fairchem| / max |fairchem|``, next to fairchem's own
 run-to-run spread (it draws a random roll of every edge frame per call, so
 two identical fairchem calls differ by its equivariance error: the floor
-below which the two libraries cannot be compared).
+below which the two libraries cannot be compared). Also the gradient of a
+training loss (``E^2 + sum |F|^2``) with respect to every parameter,
+relative difference of the norms per parameter (worst and median): what the
+optimiser sees at identical weights.
 
     python benchmarks/bench_parity_vs_fairchem.py [--shapes tiny small] [--layers 2]
 """
@@ -38,13 +41,26 @@ def structures():
     return {"ethanol": molecule("CH3CH2OH"), "Cu(111)+CO slab": oc20_slabs(1, (3, 3, 3))[0]}
 
 
+def loss_gradients(net, fn, inputs, *, rename=lambda name: name) -> dict[str, torch.Tensor]:
+    """``{est parameter name: d loss / d parameter}`` of ``loss = E^2 + sum |F|^2`` for one structure."""
+    net.zero_grad(set_to_none=True)
+    out = fn(*inputs)
+    (out["energy"].pow(2).sum() + out["forces"].pow(2).sum()).backward()
+    return {rename(n): p.grad.detach().clone() for n, p in net.named_parameters() if p.grad is not None}
+
+
 def compare(shape: str, layers: int, calls: int, seed: int) -> list[dict]:
     from est.models import EquiformerV2
 
     name = {"tiny": "eqv2-tiny", "small": "eqv2-small", "31m": "equiformer_v2-31m"}[shape]
     cfg = fe.comparable_config(name, num_layers=layers, cutoff=6.0, max_neighbors=20)
     torch.manual_seed(seed)
-    theirs = fe.FairchemModel(cfg).double().eval()
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # fairchem builds constants (its Wigner-D tables) in the default dtype
+    try:
+        theirs = fe.FairchemModel(cfg).double().eval()
+    finally:
+        torch.set_default_dtype(previous)
     ours = EquiformerV2(cfg).double().eval()
     fe.fairchem_to_est(theirs.model, ours)
     f_fc, f_est = fe.fairchem_callable(theirs), fe.fairchem_callable(ours)
@@ -65,6 +81,14 @@ def compare(shape: str, layers: int, calls: int, seed: int) -> list[dict]:
             scale = float(ref[0][key].abs().max())
             row[f"{key} est vs fairchem"] = float((mine[key] - ref[0][key]).abs().max()) / scale
             row[f"{key} fairchem vs itself"] = max(float((r[key] - ref[0][key]).abs().max()) for r in ref[1:]) / scale
+        # what training sees: the gradient of a loss on energy and forces, parameter by parameter
+        g_fc = loss_gradients(theirs.model, f_fc, (pos, z, cell, pbc), rename=fe.est_name)
+        g_est = loss_gradients(ours, f_est, (pos, z, cell, pbc))
+        if set(g_fc) != set(g_est):
+            raise KeyError(f"parameters with a gradient differ: {sorted(set(g_fc) ^ set(g_est))[:5]}")
+        rel = sorted(float((g_est[n] - g_fc[n]).norm() / g_fc[n].norm()) for n in g_fc if g_fc[n].norm() > 0)
+        row["loss gradient est vs fairchem (worst parameter)"] = rel[-1]
+        row["(median parameter)"] = rel[len(rel) // 2]
         rows.append(row)
     return rows
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..so3._layout import check_lmax, degree_index, num_coefficients, split_scalar
+from ..sphere.masters import Float64Masters
 
 __all__ = ["EquivariantLayerNorm", "EquivariantRMSNorm", "build_norm", "NORM_KINDS"]
 
@@ -32,7 +33,7 @@ def _check_features(x: torch.Tensor, lmax: int, channels: int, name: str) -> Non
         )
 
 
-class _DegreeNorm(nn.Module):
+class _DegreeNorm(Float64Masters):
     def __init__(self, *, lmax: int, channels: int, eps: float = 1e-5) -> None:
         super().__init__()
         self.lmax, self.channels, self.eps = check_lmax(lmax), channels, eps
@@ -46,7 +47,7 @@ class _DegreeNorm(nn.Module):
         """Buffer ``rms_weights [K]``: ``1/((2l+1) denominator)`` for ``l >= first_degree``, else 0 (built once)."""
         l = self.degree.to(torch.float64)
         w = torch.where(self.degree >= first_degree, 1.0 / ((2 * l + 1) * denominator), torch.zeros_like(l))
-        self.register_buffer("rms_weights", w.to(torch.get_default_dtype()), persistent=False)
+        self.register_master("rms_weights", w)  # float64 master: exact after any cast
 
 
 class EquivariantLayerNorm(_DegreeNorm):

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from ..sphere.masters import Float64Masters
+
 __all__ = ["GaussianRadialBasis", "PolynomialEnvelope", "RadialMLP", "ENVELOPES"]
 
 ENVELOPES = ("polynomial", None)
@@ -56,7 +58,7 @@ class PolynomialEnvelope(nn.Module):
         return u  # [E]
 
 
-class GaussianRadialBasis(nn.Module):
+class GaussianRadialBasis(Float64Masters):
     r"""Gaussians of the edge length, ``forward(r [E]) -> [E, num_basis]``.
 
     :math:`\phi_k(r) = \exp(-(r - \mu_k)^2 / (2\sigma^2))`, :math:`\mu_k` =
@@ -99,7 +101,7 @@ class GaussianRadialBasis(nn.Module):
         self.num_basis, self.width_factor = num_basis, width_factor
         self.cutoff, self.start = float(cutoff), float(start)
         centres = torch.linspace(start, cutoff, num_basis, dtype=torch.float64)  # [R]
-        self.register_buffer("centres", centres.to(torch.get_default_dtype()), persistent=False)
+        self.register_master("centres", centres)  # float64 master: exact centres after any cast
         self.sigma = width_factor * (cutoff - start) / (num_basis - 1)
         self.envelope = (
             PolynomialEnvelope(cutoff=cutoff, exponent=envelope_exponent) if envelope == "polynomial" else None
