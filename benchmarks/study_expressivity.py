@@ -20,6 +20,7 @@ short sitting gives a complete table with fewer seeds first.
 
     python benchmarks/study_expressivity.py --workers 2          # the full study
     python benchmarks/study_expressivity.py --table              # print the tables only
+    python benchmarks/study_expressivity.py --only "rotsym[fold=10]|EST default|L=6"   # one cell
 """
 from __future__ import annotations
 
@@ -239,6 +240,9 @@ def main() -> None:
     ap.add_argument("--counter-lmax", type=int, default=4)
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS),
                     help="run only these tasks' cells (the JSON keeps every task's results)")
+    ap.add_argument("--only", nargs="+", default=None, metavar="TEXT",
+                    help="run only the cells whose key contains one of these texts, e.g. "
+                         "'rotsym[fold=10]|EST default|L=6' (the JSON keeps every cell)")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--table", action="store_true", help="print the tables from the JSON and exit")
@@ -259,7 +263,7 @@ def main() -> None:
             if k not in data["equivariance"]:
                 data["equivariance"][k] = equivariance_error(model, lmax=L, fold=max(2, L), channels=args.channels)
                 save(data, args.out)
-    all_cells = cells(args)
+    all_cells = [c for c in cells(args) if not args.only or any(t in key(c) for t in args.only)]
     for c in all_cells:
         data["cells"].setdefault(key(c), dict(cell=c, runs=[]))
     passes = sorted(set(min(p, args.seeds) for p in args.seed_passes) | {args.seeds})
