@@ -52,7 +52,7 @@ points,
     \mathrm{softmax}(\cdot)\,V = \big(\mathrm{softmax}(\cdot)\,Y\big)\,A_v,
 
 the same function with :math:`S^2 K` multiply-adds per head for each product
-instead of :math:`S^2 d` and :math:`S^2 d_v` (:meth:`SphericalTransformer.factored`
+instead of :math:`S^2 d` and :math:`S^2 d_v` (the attribute ``factored``
 says which form a module uses: the cheaper one by this count). At the
 default (one head, :math:`d = C`, :math:`d_v = 2C`, K = 16 at L = 3) the
 :math:`S \times S` products cost :math:`2K / 3C` of the point form.
