@@ -122,8 +122,8 @@ REFERENCE = "est-ffn"
 TARGET = ("est-default", 0.90)
 #: --clock -> the curve key holding that clock's seconds ("step-cost": steps x the model's interleaved step cost)
 CLOCKS = {"step-cost": "cost_seconds", "cpu": "cpu_seconds", "wall": "seconds"}
-CLOCK_WORDS = {"step-cost": "seconds by step cost (steps x each model's step time, timed round-robin)",
-               "cpu": "CPU seconds of each run", "wall": "wall seconds of each run"}
+CLOCK_WORDS = {"step-cost": "steps x each model's step time, timed round-robin on one thread",
+               "cpu": "each run's own CPU seconds", "wall": "each run's own wall seconds"}
 CURVE_KEY = "forces_mae_meV_A"
 
 
@@ -278,7 +278,7 @@ def tables(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> 
             })
         out[f"forces-{molecule}"] = markdown_table(steps_rows, list(steps_rows[0]))
         text = markdown_table(time_rows, list(time_rows[0])) + (
-            f"\n\nValidation force MAE read off the learning curves at T {CLOCK_WORDS[clock]} of optimisation (one thread): "
+            f"\n\nValidation force MAE read off the learning curves at T seconds of optimisation ({CLOCK_WORDS[clock]}): "
             "per seed, T is the end of the shorter of the row's run and EquiformerV2's (EquiformerV2's row: its own end); "
             "the MACE ratio is read at the shorter of the row's run and MACE's; n/a: a curve with no evaluation by then.")
         target, bound = TARGET
@@ -287,7 +287,7 @@ def tables(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> 
             ratios = [p["ratio"] for p in pairs if not math.isnan(p["ratio"])]
             if ratios:
                 mean = statistics.fmean(ratios)
-                text += (f"\n\nTarget (issue 17): {target} / {REFERENCE} force MAE at equal time ({CLOCK_WORDS[clock]}) <= {bound:.2f}: "
+                text += (f"\n\nTarget (issue 17): {target} / {REFERENCE} force MAE at equal time ({clock} clock) <= {bound:.2f}: "
                          f"per seed {' '.join(f'{x:.2f}' for x in ratios)}, mean {mean:.2f}, "
                          f"{sum(x <= bound for x in ratios)}/{len(ratios)} seeds within: "
                          f"{'met' if mean <= bound else 'not met'}.")
@@ -315,7 +315,7 @@ def plot_curves(results: dict[str, dict[str, list[dict]]], plots: Path, *, clock
                 kw = dict(color=f"C{i}", lw=1.2, alpha=0.8, label=LABELS.get(model, model) if j == 0 else None)
                 axes[0].plot([p["step"] for p in c], y, **kw)
                 axes[1].plot([p[CLOCKS[clock]] for p in c], y, **kw)
-        for ax, xlabel in zip(axes, ("optimisation steps", f"optimisation {CLOCK_WORDS[clock].split(' (')[0]} (one thread)")):
+        for ax, xlabel in zip(axes, ("optimisation steps", f"optimisation seconds ({clock} clock)")):
             ax.set_xlabel(xlabel)
             ax.set_ylabel("validation force MAE (meV/A)")
             ax.set_yscale("log")

@@ -106,7 +106,7 @@ def test_step_cost_clock_uses_interleaved_costs_and_falls_back_for_mace(sf):
     # est-default ends at 30 s (30 steps); est-ffn at 2 s/step is then at 15 steps (25 meV/A): 8 / 25
     row = next(x for x in t["forces-ethanol-time"].splitlines() if "EST default" in x)
     assert "| 0.32 (1/1 lower) |" in row
-    assert "by step cost" in t["forces-ethanol-time"]
+    assert "timed round-robin" in t["forces-ethanol-time"]
     steps = t["forces-ethanol"].splitlines()
     assert "| 1000 |" in next(x for x in steps if "EST default" in x)  # ms per step, interleaved
     assert "(own runs)" in next(x for x in steps if x.startswith("| MACE"))
