@@ -5,7 +5,8 @@ fairchem-core 1.10.0's EquiformerV2 is built at a shape
 (``fairchem_eqv2.comparable_config``), its weights are copied into est's
 model of the same config by parameter name (:func:`fairchem_eqv2.fairchem_to_est`: a
 fixed renaming, no reshaping), and both predict energy and forces for the
-same structures in float64 (eval mode). Reported: relative differences
+same structures in float64 (eval mode; both built under a float64 default
+dtype, since fairchem builds its Wigner-D tables in the default dtype). Reported: relative differences
 ``max |est - fairchem| / max |fairchem|``, next to fairchem's own
 run-to-run spread (it draws a random roll of every edge frame per call, so
 two identical fairchem calls differ by its equivariance error: the floor
