@@ -221,8 +221,8 @@ def equal_time(recs: list[dict], base: list[dict], *, clock: str = "cpu") -> lis
 
 
 def _step_ms(recs: list[dict]) -> str:
-    """Milliseconds per optimisation step: the interleaved step cost (one number per model), else the mean
-    CPU ms/step of the runs (marked ``own runs``); before step costs existed, each run's own CPU ms/step."""
+    """Milliseconds per optimisation step: the interleaved step cost (one number per model), else (MACE, or
+    no data to time on) the mean of the runs' own CPU ms/step, marked ``own runs``."""
     if recs[0].get("step_cost_source") == "interleaved":
         return f"{1000.0 * recs[0]['step_cost_s']:.0f}"
     return mean_sd([r["cpu_ms_per_step"] for r in recs]) + " (own runs)"
@@ -530,12 +530,11 @@ def step_costs(root: Path, molecule: str, models: list[str], data_dir: Path, bud
     stored = json.loads(path.read_text()) if path.exists() else {}
     wanted = sorted(set(models) | set(stored))
     if fresh or any(m not in stored for m in models):
+        from est.data.cache import atomic_json
+
         print(f"[forces] {molecule}: timing one training step of {', '.join(wanted)} round-robin", flush=True)
         stored = calibrate(molecule, wanted, data_dir, budget)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(stored, indent=1))
-        os.replace(tmp, path)
+        atomic_json(str(path), stored)
     return stored
 
 
@@ -710,8 +709,7 @@ def main(argv=None) -> int:
         est_models = [m for m in per_model if m != MACE]
         if est_models and not args.quick:
             try:
-                costs[molecule] = step_costs(root, molecule, est_models, data_dir, budget,
-                                             fresh=args.calibrate and not args.tables_only)
+                costs[molecule] = step_costs(root, molecule, est_models, data_dir, budget, fresh=args.calibrate)
             except FileNotFoundError as exc:  # no data here: each run's own CPU seconds per step
                 print(f"[forces] {molecule}: no step costs ({exc})", flush=True)
     with_step_cost_clock(results, costs)

@@ -195,7 +195,8 @@ class SphericalTransformer(Float64Masters):
         Y = self.sft.to_matrix.to(q.dtype)  # [S, K]
         q, k, v = (t.unflatten(-1, (H, -1)).transpose(1, 2) for t in (q, k, v))  # [N, H, K, d]
         a = (q * self.scale) @ k.transpose(-1, -2)  # [N, H, K, K]: A_q A_k^T / sqrt(d)
-        logits = (a.transpose(-1, -2) @ Y.T).transpose(-1, -2) @ Y.T  # [N, H, S, S]: Y A Y^T
+        # Y A Y^T with Y only ever the right operand (a 2-D right operand folds the batch into one GEMM)
+        logits = (a.transpose(-1, -2) @ Y.T).transpose(-1, -2) @ Y.T  # [N, H, S, S]
         bias = self._attention_bias(logits.dtype)  # [S, S], [H, S, S] or None
         weights = torch.softmax(logits if bias is None else logits + bias, dim=-1)  # [N, H, S, S] over the keys
         o = (weights @ Y) @ v  # [N, H, S, d_v]
