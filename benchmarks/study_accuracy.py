@@ -162,8 +162,10 @@ def train_one(data: str, model: str, seed: int, root: Path, extra: list[str]) ->
     cfg = load_config(cli)
     trainer = Trainer(cfg)
     t0 = time.perf_counter()
-    trainer.fit()
+    status = trainer.fit()
     wall = time.perf_counter() - t0
+    if status != "finished":  # SIGTERM/SIGINT: last.pt is saved, but there is no result to record
+        raise SystemExit(f"[accuracy] {rd}: training interrupted at step {trainer.step}; no result written")
     tm = trainer.timing
     res = trainer.final_results.get(d["split"], {})
     record: dict[str, Any] = dict(

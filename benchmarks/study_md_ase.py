@@ -78,7 +78,8 @@ def train(data: str, run_dir: str, forces: str, steps: int, batch: int, seed: in
     ])
     t0 = time.time()
     tr = Trainer(cfg)
-    tr.fit()
+    if tr.fit() != "finished":
+        raise SystemExit(f"[md_ase] {run_dir}: training interrupted at step {tr.step}")
     return os.path.join(run_dir, "best.pt"), time.time() - t0
 
 

@@ -105,6 +105,28 @@ def test_merge_runs_keeps_other_models_and_seeds(bench_modules, monkeypatch, tmp
     assert common.merge_runs("absent", new, compatible=lambda old: True) == new
 
 
+def test_interrupted_accuracy_run_writes_no_result(bench_modules, monkeypatch, tmp_path):
+    """A run stopped by SIGTERM must exit non-zero without a result.json (one was recorded at 57 of 225 steps)."""
+    import est.train
+
+    study, _ = bench_modules
+
+    class Stopped:  # the trainer as it returns after SIGTERM: last.pt saved, status "interrupted"
+        step = 57
+
+        def __init__(self, cfg):
+            pass
+
+        def fit(self):
+            return "interrupted"
+
+    monkeypatch.setattr(est.train, "Trainer", Stopped)
+    monkeypatch.setattr(est.train, "load_config", lambda cli: None)
+    with pytest.raises(SystemExit, match="interrupted at step 57"):
+        study.main(["--one", "emt", "est-ffn", "4", "--root", str(tmp_path)])
+    assert not list(tmp_path.rglob("result.json"))
+
+
 def test_readme_blocks_replaced_only_by_name(bench_modules):
     _, summary = bench_modules
     text = "a\n<!-- summary:x -->\nold\n<!-- /summary:x -->\nb\n<!-- summary:y -->\nkeep\n<!-- /summary:y -->\n"
