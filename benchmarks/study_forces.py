@@ -22,6 +22,9 @@ channels, cutoff 5 A, every neighbour, no periodic images, conservative forces
 * ``est-paper``    the EST paper's module preset,
 * ``est-half``     ``est-default`` at half the width (channels, attention and
   feed-forward hidden channels halved): the paper's "small EST beats larger models",
+* ``est-capped``   ``est-default`` with its attention logits bounded by 4
+  (``model.est.logit_cap=4``): trained logits sharpen, and the bound keeps the
+  softmax resolved by the degree-16 design (trained equivariance),
 * ``mace``         MACE 0.3.16 (``benchmarks/baseline/mace_baseline.py``, its own
   venv and training entry point: 2 layers, 64 channels, L = 2, correlation 3,
   r_max 5 A, its loss weights, float64), on the same frames and batch size.
@@ -113,10 +116,13 @@ MODELS: dict[str, list[str]] = {
     "est-default": ["model.update=est", "model.est.preset=default"],
     "est-paper": ["model.update=est", "model.est.preset=paper"],
     "est-half": ["model.update=est", "model.est.preset=default", *HALF],
+    #: the EST default with its attention logits bounded (|q . k| / sqrt(d) < 4; est.nn.spherical_transformer)
+    "est-capped": ["model.update=est", "model.est.preset=default", "model.est.logit_cap=4.0"],
     MACE: [],
 }
 LABELS = {"est-ffn": "est EquiformerV2 (`update=\"ffn\"`)", "est-default": "est EST default (spherical Transformer only)",
-          "est-paper": "est EST (paper preset)", "est-half": "est EST default, half width", MACE: "MACE (L=2, 64 ch)"}
+          "est-paper": "est EST (paper preset)", "est-half": "est EST default, half width",
+          "est-capped": "est EST default, logits capped at 4", MACE: "MACE (L=2, 64 ch)"}
 REFERENCE = "est-ffn"
 #: issue 17: EST default force MAE <= 0.90x est's EquiformerV2 at equal time (paired seeds)
 TARGET = ("est-default", 0.90)

@@ -146,6 +146,55 @@ def test_factored_attention_is_the_point_attention(heads, encoding, grid):
         assert (a - b).abs().max() <= 1e-12 * b.abs().max()
 
 
+def _sharp_transformer(cap, seed=0, lmax=L):
+    """The default block's transformer (irreps projections, design of degree 16) with q and k weights x8:
+    logits ~64x the initial ones, sharper than any trained model we measured."""
+    torch.manual_seed(seed)
+    st = SphericalTransformer(lmax=lmax, channels=C, projections="irreps", mlp_ratio=2, logit_cap=cap,
+                              grid=GridConfig(kind="design", degree=16)).double().eval()
+    with torch.no_grad():
+        st.qkv.weight[:, :2 * C].mul_(8.0)  # [L+1, out, in]: the q and k rows of every degree
+    return st
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_logit_cap_keeps_sharp_attention_equivariant(seed):
+    """Sharp attention aliases on the degree-16 design (0.12-0.16); the cap (an invariant rescale of
+    A = A_q A_k^T / sqrt(d), logits stay band-limited) brings it back to the grid's level."""
+    sharp = rel_equivariance_error(_sharp_transformer(None, seed))
+    capped = rel_equivariance_error(_sharp_transformer(4.0, seed))
+    assert sharp > 5e-2  # measured 0.12-0.16 over 3 seeds
+    assert capped < 2e-6  # measured 1.0e-7..2.0e-7 over 3 seeds (L = 3; L = 4: 1e-6)
+
+
+def test_logit_cap_bounds_the_logits_and_is_inert_when_large():
+    st = _sharp_transformer(4.0)
+    x = torch.randn(5, 16, C, dtype=torch.float64)
+    q, k, _ = st.qkv(st.norm(x)).split([C, C, 2 * C], dim=-1)
+    Y = st.sft.to_matrix.double()  # [S, K]
+    logits = Y @ (st._cap_queries(q, k) * st.scale) @ k.transpose(-1, -2) @ Y.T  # [N, S, S], one head
+    raw = Y @ (q * st.scale) @ k.transpose(-1, -2) @ Y.T
+    assert raw.abs().max() > 20 and logits.abs().max() < 4.0
+    inert = _sharp_transformer(1e9)
+    inert.load_state_dict(st.state_dict())
+    assert torch.allclose(inert(x), _sharp_transformer(None)(x), rtol=1e-12, atol=1e-12)
+
+
+def test_logit_cap_same_in_point_and_factored_forms():
+    """The cap acts on the coefficients, before either form: values and second derivatives agree."""
+    st = _sharp_transformer(3.0)
+    x = torch.randn(4, 16, C, dtype=torch.float64, requires_grad=True)
+    results = []
+    for factored in (True, False):
+        st.factored = factored
+        y = st(x)
+        g, = torch.autograd.grad(y.pow(2).sum(), x, create_graph=True)
+        gg, = torch.autograd.grad(g.pow(3).sum(), x)
+        results.append((y, g, gg))
+    for a, b in zip(*results):
+        assert (a - b).abs().max() <= 1e-11 * b.abs().max()
+
+
 def test_factored_attention_is_chosen_where_it_is_cheaper():
     """One head: the S x S products cost 2K per point pair instead of C + 2C (the default block's form);
     per-point projections are not band-limited and keep the point form."""
@@ -338,6 +387,8 @@ def test_dtype_mismatch_names_both_dtypes_and_the_cast(layer):
         (lambda: SteerableFFN(lmax=2, channels=0), "SteerableFFNConfig: channels must be an integer >= 1"),
         (lambda: SphericalTransformer(lmax=2, channels=0), "SphericalTransformerConfig: channels must be"),
         (lambda: SphericalTransformer(lmax=2, channels=8, num_experts=0), "num_experts must be an integer >= 1"),
+        (lambda: SphericalTransformer(lmax=2, channels=8, projections="irreps", logit_cap=0.0), "logit_cap must be > 0"),
+        (lambda: SphericalTransformer(lmax=2, channels=8, logit_cap=4.0), "logit_cap needs projections='irreps'"),
     ],
 )
 def test_non_positive_sizes_refused(build, match):

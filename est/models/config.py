@@ -44,6 +44,7 @@ class ESTOptions:
     encoding: str | None = None
     mlp_ratio: int | None = None
     projections: str | None = None
+    logit_cap: float | None = None
     grid_rotation: bool | None = None
     grid: GridOptions = dataclasses.field(default_factory=GridOptions)
     steerable_grid: GridOptions = dataclasses.field(default_factory=GridOptions)

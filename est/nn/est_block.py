@@ -48,6 +48,7 @@ class ESTBlockConfig:
     encoding: str = "concat"
     mlp_ratio: int = 4
     projections: str = "points"  # spherical Transformer: "points" (the paper) or "irreps" (linears on coefficients)
+    logit_cap: float | None = None  # spherical Transformer: bound on |attention logits| ("irreps"; None: off)
     grid: GridConfig = field(default_factory=lambda: GridConfig(kind="design", normalization="quadrature"))
     grid_rotation: bool = True
     drop_path: float = 0.0
@@ -181,6 +182,7 @@ class ESTBlock(nn.Module):
                     mlp_ratio=cfg.mlp_ratio,
                     grid=cfg.grid,
                     projections=cfg.projections,
+                    logit_cap=cfg.logit_cap,
                 )
             )
             if E_sph

@@ -20,6 +20,19 @@ For each atom, with features :math:`h \in \mathbb{R}^{K\times C}` and points
    of :math:`\int e^{q\cdot k(t)} v(t)\,dt / \int e^{q\cdot k(t)}\,dt` (without it a
    Gauss-Legendre or equiangular grid over-weights its poles and the module is
    not equivariant however fine the grid);
+   ``logit_cap`` :math:`c` ("irreps" projections; off by default) bounds the
+   content logits :math:`\ell(p, t) = Y(p)^\top A\, Y(t)` with
+   :math:`A = A_q A_k^\top/\sqrt{d'}` (per atom and head): since
+   :math:`\|Y(p)\| = 1` at every point, :math:`|\ell| \le \|A\|_2 \le \|A\|_F = \sigma`,
+   and the module uses :math:`A\,c\tanh(\sigma/c)/\sigma`, so :math:`|\ell| < c`
+   however sharp training makes the attention. :math:`\sigma` is rotation
+   invariant (:math:`A \mapsto DAD^\top`, D orthogonal) and the logits stay a
+   function of degree L in each point, so the cap costs no equivariance; it bounds
+   what the grid must resolve, the spectrum of :math:`e^{\ell}`, whose degree-n
+   part falls like :math:`I_n(c) \approx (c/2)^n/n!` (trained logits reached
+   :math:`|\ell| \approx 6` on GFN2-xTB ethanol, where the degree-16 design
+   aliased at 3e-3). A pointwise :math:`c\tanh(\ell/c)` would not do this: on
+   sharp logits it tends to a step function on the sphere;
 6. gated spherical experts :math:`\sum_e g_e\,\mathrm{MLP}_e` per point;
 7. back to irreps :math:`\mathcal{F}^{-1}`, with the l = 0 row replaced by :math:`h_0'`.
 
@@ -97,9 +110,16 @@ class SphericalTransformerConfig:
     bias_degree: int = 8  # Legendre degree of the "bias" encoding
     grid: GridConfig = field(default_factory=GridConfig)
     projections: str = "points"  # "points": the paper's per-point LayerNorm + linears; "irreps": see the module doc
+    logit_cap: float | None = None  # bound c on |q . k| / sqrt(d') ("irreps" projections; step 5); None: off
 
     def __post_init__(self) -> None:
         check_positive(self, ("channels", "num_heads", "num_experts", "mlp_ratio"), owner="SphericalTransformerConfig")
+        if self.logit_cap is not None:
+            if not self.logit_cap > 0:
+                raise ValueError(f"SphericalTransformerConfig: logit_cap must be > 0 or None, got {self.logit_cap!r}")
+            if self.projections != "irreps":
+                raise ValueError("SphericalTransformerConfig: logit_cap needs projections='irreps' (band-limited "
+                                 f"queries and keys), got projections={self.projections!r}")
 
 
 def _legendre_table(cosines: np.ndarray, degree: int) -> np.ndarray:
@@ -202,6 +222,16 @@ class SphericalTransformer(Float64Masters):
         o = (weights @ Y) @ v  # [N, H, S, d_v]
         return o.transpose(1, 2).flatten(-2)  # [N, S, H * d_v]
 
+    def _cap_queries(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """Query coefficients ``[N, K, C]`` rescaled per atom and head so that the content logits are below
+        ``logit_cap`` in magnitude (``A -> A c tanh(sigma/c)/sigma``, ``sigma = ||A||_F``; module doc, step 5)."""
+        c, H = self.config.logit_cap, self.config.num_heads
+        qh, kh = (t.unflatten(-1, (H, -1)).transpose(1, 2) for t in (q, k))  # [N, H, K, d]
+        a = (qh * self.scale) @ kh.transpose(-1, -2)  # [N, H, K, K]
+        sigma = torch.sqrt(a.pow(2).sum((-1, -2)) + (1e-6 * c) ** 2)  # [N, H], smooth at A = 0
+        g = c * torch.tanh(sigma / c) / sigma  # [N, H], in (0, 1]
+        return (qh * g[..., None, None]).transpose(1, 2).flatten(-2)  # [N, K, C]
+
     def forward(
         self,
         x: torch.Tensor,
@@ -228,6 +258,9 @@ class SphericalTransformer(Float64Masters):
             C = cfg.channels
             c = self.qkv(self.norm(x))  # [N, K, 2C + E*M]
             sizes = [C, C, c.shape[-1] - 2 * C]
+            if cfg.logit_cap is not None:
+                q, k, v = c.split(sizes, dim=-1)  # [N, K, C] x 2, [N, K, E*M]
+                c = torch.cat([self._cap_queries(q, k), k, v], dim=-1)  # [N, K, 2C + E*M]
             if self.factored:  # the same attention through the coefficients (rotating them rotates the grid)
                 c = c if D is None else D.transpose(-1, -2) @ c  # [N, K, 2C + E*M]
                 o = self._attend_factored(*c.split(sizes, dim=-1))  # [N, S, E*M]
