@@ -128,19 +128,25 @@ def test_units_restored_from_normalizers(grad_model, direct_model):
                                    rtol=1e-5, atol=1e-6)
 
 
-def test_from_checkpoint_restores_model_normalizers_and_elements(tmp_path, grad_model):
+def _checkpoint(tmp_path, model) -> str:
+    """``model`` saved as an est.train checkpoint (EMA weights = the model's, raw weights zeroed)."""
     from est.train.checkpoint import save_checkpoint
 
     cfg = {"model": {"name": "est-tiny", "regress_forces": "gradient", **{k: (list(v) if isinstance(v, tuple) else v)
                                                                           for k, v in MICRO.items()}},
            "data": {"task": "s2ef"}}
-    state = grad_model.state_dict()
+    state = model.state_dict()
     raw = {k: torch.zeros_like(v) if v.is_floating_point() else v for k, v in state.items()}
     path = str(tmp_path / "best.pt")
     save_checkpoint({"model": raw, "ema": {"module": state, "num_updates": 1, "decay": 0.9},
                      "normalizers": {"energy_mean": torch.tensor(MEAN, dtype=torch.float64),
                                      "energy_std": torch.tensor(STD, dtype=torch.float64)},
                      "config": cfg, "step": 7, "elements": [8, 29]}, path)
+    return path
+
+
+def test_from_checkpoint_restores_model_normalizers_and_elements(tmp_path, grad_model):
+    path = _checkpoint(tmp_path, grad_model)
     calc = ESTCalculator.from_checkpoint(path)
     ref = ESTCalculator(model=grad_model, energy_mean=MEAN, energy_std=STD)
     atoms = _slab()
@@ -289,6 +295,22 @@ def test_errors(grad_model, direct_model):
         calc.get_potential_energy(b)
     with pytest.raises(ValueError, match="exactly one"):
         ESTCalculator()
+
+
+def test_checkpoint_on_a_finer_design(tmp_path, grad_model):
+    """``model_overrides`` re-samples the same weights on another spherical design (the EST default's
+    weights act on coefficients); an override that changes the weights' shapes is refused by name."""
+    path = _checkpoint(tmp_path, grad_model)
+    base = ESTCalculator.from_checkpoint(path, dtype=torch.float64)
+    fine = ESTCalculator.from_checkpoint(path, dtype=torch.float64, model_overrides={"est": {"grid": {"degree": 24}}})
+    points = lambda c: c.model.backbone.update_blocks[0].spherical.sft.num_points  # noqa: E731
+    assert (points(base), points(fine)) == (146, 314)
+    atoms = _slab()
+    r_base, r_fine = base.predict_batch([atoms])[0], fine.predict_batch([atoms])[0]
+    assert r_fine["energy"] != r_base["energy"]  # another quadrature of the same attention ...
+    assert r_fine["energy"] == pytest.approx(r_base["energy"], rel=1e-6)  # ... resolved on both at initial weights
+    with pytest.raises(ValueError, match=r"model_overrides=.*change the shapes.*Fix: override only options"):
+        ESTCalculator.from_checkpoint(path, model_overrides={"channels": 8})
 
 
 def test_qm9_checkpoint_total_energy_and_autograd_forces(tmp_path):

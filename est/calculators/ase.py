@@ -137,19 +137,22 @@ def _manifest_elements(cfg: Mapping[str, Any]) -> Optional[List[int]]:
     return None
 
 
-def load_model_from_checkpoint(path: str, *, map_location: Any = "cpu", use_ema: bool = True):
+def load_model_from_checkpoint(path: str, *, map_location: Any = "cpu", use_ema: bool = True,
+                               model_overrides: Optional[Mapping[str, Any]] = None):
     """Rebuild an est.train checkpoint: ``(model in eval mode, CheckpointInfo)``.
 
     The model is :func:`est.train.load_trained_model`'s (the checkpoint's
     resolved ``config["model"]``, EMA weights when present and ``use_ema``).
-    ``path`` may be a run folder (its ``best.pt``, else ``last.pt``).
+    ``path`` may be a run folder (its ``best.pt``, else ``last.pt``);
+    ``model_overrides``: see :func:`est.train.load_trained_model`.
     """
     from est.train.loading import load_trained_model
     from est.train.checkpoint import resolve_checkpoint_path
 
     path = resolve_checkpoint_path(path)
     try:
-        model, ck = load_trained_model(path, map_location=map_location, use_ema=use_ema)
+        model, ck = load_trained_model(path, map_location=map_location, use_ema=use_ema,
+                                       model_overrides=dict(model_overrides) if model_overrides else None)
     except ValueError as err:
         raise ValueError(f"{err}. Fix: pass model=... and normalizers=... to ESTCalculator instead.") from None
     plain = ck["config"]
@@ -205,6 +208,9 @@ class ESTCalculator(Calculator):
         use_ema: load the EMA weights of a checkpoint (default) or the raw ones.
         min_distance: atoms closer than this (A) are refused as overlapping.
         batch_size: default batch size of :meth:`predict_batch`.
+        model_overrides: with ``checkpoint``, model options that keep the weights,
+            e.g. ``{"est": {"grid": {"degree": 20}}}`` (a finer spherical design;
+            :func:`est.train.load_trained_model`).
     """
 
     implemented_properties = ["energy", "free_energy", "forces", "stress"]
@@ -215,7 +221,8 @@ class ESTCalculator(Calculator):
                  energy_std: Optional[float] = None, atom_references: Optional[Sequence[float]] = None,
                  elements: Optional[Iterable[int]] = None, qm9_target: Optional[int] = None,
                  device: Any = "cpu", dtype: torch.dtype = torch.float32, use_ema: bool = True,
-                 min_distance: float = 0.5, batch_size: int = 16, **kwargs):
+                 min_distance: float = 0.5, batch_size: int = 16,
+                 model_overrides: Optional[Mapping[str, Any]] = None, **kwargs):
         super().__init__(**kwargs)
         if (checkpoint is None) == (model is None):
             raise ValueError("ESTCalculator needs exactly one of checkpoint=PATH or model=MODULE")
@@ -228,7 +235,8 @@ class ESTCalculator(Calculator):
         self.info: Optional[CheckpointInfo] = None
         self.elements_source = "the elements= argument" if elements is not None else "the embedding range"
         if checkpoint is not None:
-            model, self.info = load_model_from_checkpoint(checkpoint, map_location="cpu", use_ema=use_ema)
+            model, self.info = load_model_from_checkpoint(checkpoint, map_location="cpu", use_ema=use_ema,
+                                                          model_overrides=model_overrides)
             if normalizers is None:
                 normalizers = self.info.normalizers
             if elements is None:

@@ -82,19 +82,37 @@ def checkpoint_config(ck: Dict[str, Any]):
     return OmegaConf.merge(OmegaConf.structured(TrainConfig), raw)
 
 
-def load_trained_model(path: str, *, map_location: Any = "cpu", use_ema: bool = True):
+def load_trained_model(path: str, *, map_location: Any = "cpu", use_ema: bool = True,
+                       model_overrides: Dict[str, Any] | None = None):
     """Rebuild a trained model from an est.train checkpoint: ``(model in eval mode, checkpoint dict)``.
 
     The model comes from the checkpoint's resolved ``config["model"]``
     (:func:`build_model_from_config`, so ``model._target_`` works too) with
     :func:`model_state`'s weights. Raises ``ValueError`` for a file that is not
     an est.train checkpoint. ``path`` may be a run folder: its ``best.pt``, else ``last.pt``.
+
+    ``model_overrides``: a nested mapping merged into the model config first, for
+    options that keep the weights' shapes, e.g. ``{"est": {"grid": {"degree": 20}}}``:
+    the EST default's weights act on irreps coefficients, so the same weights
+    sample any design, and a model whose attention sharpened in training aliases
+    less on a finer one (``benchmarks/bench_trained_grid.py``). ``ValueError`` when
+    the overrides change the weights' shapes.
     """
     path = resolve_checkpoint_path(path)
     ck = load_checkpoint(path, map_location=map_location)
     if not isinstance(ck, dict) or "config" not in ck or "model" not in ck:
         keys = sorted(ck) if isinstance(ck, dict) else type(ck).__name__
         raise ValueError(f"{path} is not an est.train checkpoint (needs 'config' and 'model'; has {keys})")
-    model = build_model_from_config(checkpoint_config(ck))
-    model.load_state_dict(model_state(ck, use_ema))
+    cfg = checkpoint_config(ck)
+    if model_overrides:
+        cfg = OmegaConf.merge(cfg, {"model": dict(model_overrides)})
+    model = build_model_from_config(cfg)
+    try:
+        model.load_state_dict(model_state(ck, use_ema))
+    except RuntimeError as err:
+        if not model_overrides:
+            raise
+        first = str(err).strip().splitlines()[-1].strip()
+        raise ValueError(f"model_overrides={model_overrides} change the shapes of {path}'s weights ({first}). Fix: "
+                         "override only options the weights do not depend on, e.g. {'est': {'grid': {'degree': 20}}}") from None
     return model.eval(), ck
