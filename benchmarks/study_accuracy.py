@@ -25,10 +25,13 @@ Models (the shape of ``eqv2-tiny``, L = 3, 2 layers, 32 channels; QM9 uses the
   ``max_neighbors`` neighbours, ties broken), ``est-ffn-roll`` (random edge-frame
   roll in training), ``est-ffn-fairchem`` (all three), ``est-ffn-twin`` (all
   three, starting from the weights fairchem's model draws for the same seed, so
-  the pair differs only in the code, not in the initial draw)::
+  the pair differs only in the code, not in the initial draw), and the control
+  ``fairchem-redraw`` (fairchem with another initial draw, the seed's data
+  order: how far the draw alone moves fairchem)::
 
       python benchmarks/study_accuracy.py --data emt --seeds 0 1 2 3 4 --root runs/parity --save-as parity \
-          --models fairchem est-ffn est-ffn-eqv2init est-ffn-strict est-ffn-roll est-ffn-fairchem est-ffn-twin
+          --models fairchem est-ffn est-ffn-eqv2init est-ffn-strict est-ffn-roll est-ffn-fairchem est-ffn-twin \
+          fairchem-redraw
 
 Data sets (both offline):
 
@@ -83,6 +86,8 @@ PREVIOUS_DEFAULT = ["model.est.num_steerable_experts=1", "model.est.projections=
 #: model label -> overrides on top of the data set's experiment (the shape is the same for all)
 MODELS: dict[str, list[str]] = {
     "fairchem": ["+model._target_=fairchem_eqv2.trainable"],
+    # fairchem with another initial draw, the seed's data order (fairchem_eqv2.redrawn): the draw's own spread
+    "fairchem-redraw": ["+model._target_=fairchem_eqv2.redrawn"],
     "est-ffn": ["model.update=ffn"],
     "est-default": ["model.update=est", "model.est.preset=default"],
     "est-paper": ["model.update=est", "model.est.preset=paper"],
@@ -187,7 +192,7 @@ def trained_equivariance(trainer, rd: Path, model: str, data: str) -> dict[str, 
     from study_equivariance_training import untied_slab
 
     net = load_model_for_check(checkpoint=str(rd / "best.pt"), dtype=torch.float64).eval()
-    subject = fe.fairchem_callable(net) if model == "fairchem" else net
+    subject = fe.fairchem_callable(net) if model.startswith("fairchem") else net
     if data == "emt":
         slab, _, _ = untied_slab(trainer.datasets["val"][0], trainer.model_cfg, 0.05)
         return trained_rotation_error(subject, (("slab", slab), ("molecule", example_molecule(8))), "forces", model)

@@ -60,7 +60,8 @@ LABELS = {"fairchem": "fairchem EquiformerV2", "est-ffn": "est EquiformerV2 (`up
           "est-default-t12": "EST default on t=12 (S=86)",
           "est-ffn-eqv2init": "est-ffn + EquiformerV2 init", "est-ffn-strict": "est-ffn + strict max_neighbors",
           "est-ffn-roll": "est-ffn + random edge roll", "est-ffn-fairchem": "est-ffn + all three",
-          "est-ffn-twin": "est-ffn + all three, from fairchem's initial weights"}
+          "est-ffn-twin": "est-ffn + all three, from fairchem's initial weights",
+          "fairchem-redraw": "fairchem, another initial draw (the seed's data order)"}
 
 
 def load(name: str) -> dict[str, Any] | None:

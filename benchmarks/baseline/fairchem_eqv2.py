@@ -356,6 +356,22 @@ def trainable(*, name: str, **overrides) -> FairchemModel:
     return FairchemModel(comparable_config(name, **overrides))
 
 
+def redrawn(*, name: str, redraw_offset: int = 1000, **overrides) -> FairchemModel:
+    """``model._target_`` factory: fairchem's EquiformerV2 as :func:`trainable`, but its initial weights
+    drawn with seed ``torch.initial_seed() + redraw_offset``.
+
+    The random state after the build is the one :func:`trainable` leaves for the run's seed, so the
+    data order is that seed's: paired with fairchem's run of the seed, only the initial draw differs.
+    The yardstick for est's own draw (``est-ffn`` vs fairchem): how far the draw alone moves fairchem.
+    """
+    trainable(name=name, **overrides)  # advances the random state exactly as fairchem's run of this seed
+    state = torch.random.get_rng_state()
+    torch.manual_seed(torch.initial_seed() + redraw_offset)
+    model = trainable(name=name, **overrides)
+    torch.random.set_rng_state(state)
+    return model
+
+
 def est_twin(*, name: str, **overrides) -> nn.Module:
     """``model._target_`` factory: est's EquiformerV2 at ``comparable_config(name, **overrides)`` starting
     from the very weights :func:`trainable` draws for the same seed (:func:`fairchem_to_est`).
