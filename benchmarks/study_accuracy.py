@@ -16,6 +16,7 @@ Models (the shape of ``eqv2-tiny``, L = 3, 2 layers, 32 channels; QM9 uses the
 * ``est-default``  est's EST block, our default preset,
 * ``est-paper``    the EST paper's module preset,
 * ``est-spherical`` the spherical-only update (``update="spherical"``),
+* ``est-capped``   ``est-default`` with ``model.est.logit_cap=4`` (bounded attention logits),
 * ``est-t4`` / ``est-t8`` / ``est-t12``: the previous default (``est-hybrid0``)
   with the spherical Transformer's t-design of degree 4 / 8 / 12 (accuracy vs S on QM9);
   ``est-default-t8`` / ``est-default-t12``: the default on t = 8 / 12 instead
@@ -103,6 +104,8 @@ MODELS: dict[str, list[str]] = {
     # the default's grid at L = 2 before it was raised to t = 16 (S = 146), and a step between
     "est-default-t8": ["model.update=est", "model.est.preset=default", "model.est.grid.degree=8"],
     "est-default-t12": ["model.update=est", "model.est.preset=default", "model.est.grid.degree=12"],
+    # the default with its attention logits bounded (|q . k| / sqrt(d) < 4; est.nn.spherical_transformer)
+    "est-capped": ["model.update=est", "model.est.preset=default", "model.est.logit_cap=4.0"],
     # training parity with fairchem, one factor at a time (est's EquiformerV2 + fairchem's choice)
     "est-ffn-eqv2init": ["model.update=ffn", "model.weight_init=eqv2"],
     "est-ffn-strict": ["model.update=ffn", "model.neighbor_tie_mode=strict"],

@@ -57,7 +57,7 @@ LABELS = {"fairchem": "fairchem EquiformerV2", "est-ffn": "est EquiformerV2 (`up
           "est-spherical0": "est spherical only, previous (per-point)", "est-t4": "previous default, ST on t=4 (S=12)",
           "est-t8": "previous default, ST on t=8 (S=36)", "est-t12": "previous default, ST on t=12 (S=86)",
           "est-default-t8": "EST default on t=8 (S=36; the L=2 default before t >= 16)",
-          "est-default-t12": "EST default on t=12 (S=86)",
+          "est-default-t12": "EST default on t=12 (S=86)", "est-capped": "EST default, logits capped at 4",
           "est-ffn-eqv2init": "est-ffn + EquiformerV2 init", "est-ffn-strict": "est-ffn + strict max_neighbors",
           "est-ffn-roll": "est-ffn + random edge roll", "est-ffn-fairchem": "est-ffn + all three",
           "est-ffn-twin": "est-ffn + all three, from fairchem's initial weights",
