@@ -56,6 +56,8 @@ def _configs(L: int):
     for t, r in [(3 * L, 2), (4 * L, 1), (4 * L, 2), (4 * L, 4), (default_degree(L), 1)]:
         yield f"irreps proj., r={r}, t={t}", preset_config("default", lmax=L, channels=128, grid=design(t), mlp_ratio=r)
     yield f"irreps proj., r=2, t={default_degree(L)}, 4 heads", preset_config("default", lmax=L, channels=128, num_heads=4)
+    yield f"irreps proj., r=2, t={default_degree(L)}, logits capped at 4", preset_config("default", lmax=L, channels=128,
+                                                                                         logit_cap=4.0)
     yield f"irreps proj., r=2, t={default_degree(L)}, no encoding", preset_config("default", lmax=L, channels=128,
                                                                                    encoding="none")
     yield "default + FFN expert (hybrid)", preset_config("default", lmax=L, channels=128, num_steerable_experts=1)
