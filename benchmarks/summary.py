@@ -242,6 +242,15 @@ def main(argv=None) -> int:
         sections += ["", f"## {name} (`{script}`)"] + [f"\n{t}" for t in tables]
         if name == "torch_sim":  # docs/results.md block torch-sim
             blocks["torch-sim"] = "\n\n".join(tables)
+    grid = load("trained_grid")
+    if grid:  # docs/results.md block trained-grid
+        rows = [dict(model=Path(r["checkpoint"]).name, design="as trained" if r["degree"] == "trained" else r["degree"],
+                     points=r["points"], **{"test forces (meV/A)": f"{r['force_mae_meV_A']:.2f}",
+                                            "change vs trained (meV/A)": f"{r['change_meV_A']:.2g}",
+                                            "rotation error": f"{r['rotation_error']:.1e}",
+                                            "time / trained": f"{r['time_vs_trained']:.2f}"}) for r in grid["rows"]]
+        blocks["trained-grid"] = markdown_table(rows, list(rows[0]))
+        sections += ["", "## trained_grid (`bench_trained_grid.py`)", "", blocks["trained-grid"]]
     expr = load("expressivity")
     if expr:
         sys.path.insert(0, str(HERE))
