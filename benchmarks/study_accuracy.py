@@ -254,7 +254,7 @@ def main(argv=None) -> int:
 
     if not fe.available():
         print(f"[accuracy] {fe.unavailable_reason()}", flush=True)
-        args.models = [m for m in args.models if m != "fairchem"]
+        args.models = [m for m in args.models if not m.startswith("fairchem")]
     t0 = time.perf_counter()
     if not args.tables_only:
         jobs = [(d, m, s) for s in args.seeds for d in args.data for m in args.models

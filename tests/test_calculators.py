@@ -309,8 +309,9 @@ def test_checkpoint_on_a_finer_design(tmp_path, grad_model):
     r_base, r_fine = base.predict_batch([atoms])[0], fine.predict_batch([atoms])[0]
     assert r_fine["energy"] != r_base["energy"]  # another quadrature of the same attention ...
     assert r_fine["energy"] == pytest.approx(r_base["energy"], rel=1e-6)  # ... resolved on both at initial weights
-    with pytest.raises(ValueError, match=r"model_overrides=.*change the shapes.*Fix: override only options"):
+    with pytest.raises(ValueError, match=r"model_overrides=.*change the shapes.*Fix: override only options") as err:
         ESTCalculator.from_checkpoint(path, model_overrides={"channels": 8})
+    assert "pass model=" not in str(err.value)  # not the fix for a file that is no checkpoint
 
 
 def test_qm9_checkpoint_total_energy_and_autograd_forces(tmp_path):

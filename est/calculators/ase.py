@@ -154,6 +154,8 @@ def load_model_from_checkpoint(path: str, *, map_location: Any = "cpu", use_ema:
         model, ck = load_trained_model(path, map_location=map_location, use_ema=use_ema,
                                        model_overrides=dict(model_overrides) if model_overrides else None)
     except ValueError as err:
+        if model_overrides and "model_overrides=" in str(err):
+            raise  # names its own fix
         raise ValueError(f"{err}. Fix: pass model=... and normalizers=... to ESTCalculator instead.") from None
     plain = ck["config"]
     data = plain.get("data") or {}
