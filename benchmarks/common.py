@@ -11,6 +11,9 @@ from pathlib import Path
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
+#: the studies' ``est-capped`` model: the EST default with its attention logits bounded (|q . k| / sqrt(d) < 4;
+#: est.nn.spherical_transformer); its label is summary.LABELS["est-capped"]
+EST_CAPPED = ["model.update=est", "model.est.preset=default", "model.est.logit_cap=4.0"]
 
 
 def setup_threads(n: int | None = None) -> int:

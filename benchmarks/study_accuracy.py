@@ -104,8 +104,7 @@ MODELS: dict[str, list[str]] = {
     # the default's grid at L = 2 before it was raised to t = 16 (S = 146), and a step between
     "est-default-t8": ["model.update=est", "model.est.preset=default", "model.est.grid.degree=8"],
     "est-default-t12": ["model.update=est", "model.est.preset=default", "model.est.grid.degree=12"],
-    # the default with its attention logits bounded (|q . k| / sqrt(d) < 4; est.nn.spherical_transformer)
-    "est-capped": ["model.update=est", "model.est.preset=default", "model.est.logit_cap=4.0"],
+    "est-capped": common.EST_CAPPED,  # the default with bounded attention logits
     # training parity with fairchem, one factor at a time (est's EquiformerV2 + fairchem's choice)
     "est-ffn-eqv2init": ["model.update=ffn", "model.weight_init=eqv2"],
     "est-ffn-strict": ["model.update=ffn", "model.neighbor_tie_mode=strict"],

@@ -101,6 +101,7 @@ sys.path.insert(0, str(HERE / "baseline"))
 
 import common  # noqa: E402
 import mace_baseline as mb  # noqa: E402
+from summary import LABELS as ACCURACY_LABELS  # noqa: E402
 from summary import markdown_table, mean_sd, paired  # noqa: E402
 
 MOLECULES = ("ethanol", "malonaldehyde", "aspirin", "paracetamol")
@@ -116,13 +117,12 @@ MODELS: dict[str, list[str]] = {
     "est-default": ["model.update=est", "model.est.preset=default"],
     "est-paper": ["model.update=est", "model.est.preset=paper"],
     "est-half": ["model.update=est", "model.est.preset=default", *HALF],
-    #: the EST default with its attention logits bounded (|q . k| / sqrt(d) < 4; est.nn.spherical_transformer)
-    "est-capped": ["model.update=est", "model.est.preset=default", "model.est.logit_cap=4.0"],
+    "est-capped": common.EST_CAPPED,  # the default with bounded attention logits
     MACE: [],
 }
 LABELS = {"est-ffn": "est EquiformerV2 (`update=\"ffn\"`)", "est-default": "est EST default (spherical Transformer only)",
           "est-paper": "est EST (paper preset)", "est-half": "est EST default, half width",
-          "est-capped": "est EST default, logits capped at 4", MACE: "MACE (L=2, 64 ch)"}
+          "est-capped": f"est {ACCURACY_LABELS['est-capped']}", MACE: "MACE (L=2, 64 ch)"}
 REFERENCE = "est-ffn"
 #: issue 17: EST default force MAE <= 0.90x est's EquiformerV2 at equal time (paired seeds)
 TARGET = ("est-default", 0.90)

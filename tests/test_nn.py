@@ -172,7 +172,8 @@ def test_logit_cap_bounds_the_logits_and_is_inert_when_large():
     x = torch.randn(5, 16, C, dtype=torch.float64)
     q, k, _ = st.qkv(st.norm(x)).split([C, C, 2 * C], dim=-1)
     Y = st.sft.to_matrix.double()  # [S, K]
-    logits = Y @ (st._cap_queries(q, k) * st.scale) @ k.transpose(-1, -2) @ Y.T  # [N, S, S], one head
+    a = st._coefficient_logits(q, k)  # [N, 1, K, K]
+    logits = Y @ (a * st._cap_factor(a)[..., None, None])[:, 0] @ Y.T  # [N, S, S], one head
     raw = Y @ (q * st.scale) @ k.transpose(-1, -2) @ Y.T
     assert raw.abs().max() > 20 and logits.abs().max() < 4.0
     inert = _sharp_transformer(1e9)

@@ -146,16 +146,16 @@ def load_model_from_checkpoint(path: str, *, map_location: Any = "cpu", use_ema:
     ``path`` may be a run folder (its ``best.pt``, else ``last.pt``);
     ``model_overrides``: see :func:`est.train.load_trained_model`.
     """
-    from est.train.loading import load_trained_model
+    from est.train.loading import IncompatibleOverrides, load_trained_model
     from est.train.checkpoint import resolve_checkpoint_path
 
     path = resolve_checkpoint_path(path)
     try:
         model, ck = load_trained_model(path, map_location=map_location, use_ema=use_ema,
                                        model_overrides=dict(model_overrides) if model_overrides else None)
+    except IncompatibleOverrides:
+        raise  # names its own fix
     except ValueError as err:
-        if model_overrides and "model_overrides=" in str(err):
-            raise  # names its own fix
         raise ValueError(f"{err}. Fix: pass model=... and normalizers=... to ESTCalculator instead.") from None
     plain = ck["config"]
     data = plain.get("data") or {}

@@ -197,10 +197,14 @@ class SphericalTransformer(Float64Masters):
             bias = lw if bias is None else bias + lw
         return bias
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Multi-head softmax attention over the points: ``[N, S, *] x 3 -> [N, S, v's width]``."""
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                q_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """Multi-head softmax attention over the points: ``[N, S, *] x 3 -> [N, S, v's width]``;
+        ``q_scale`` ``[N, H]`` multiplies each atom's and head's queries (the logit cap)."""
         H = self.config.num_heads
         q, k, v = (t.unflatten(-1, (H, -1)).transpose(1, 2) for t in (q, k, v))  # [N, H, S, d]
+        if q_scale is not None:
+            q = q * q_scale[..., None, None]  # [N, H, S, d]
         bias = self._attention_bias(q.dtype)  # [S, S], [H, S, S] or None
         # with autograd on, the math kernel: gradient forces differentiate the attention twice
         # (create_graph=True), which the fused CPU/GPU kernels do not support; no_grad inference may fuse
@@ -213,8 +217,10 @@ class SphericalTransformer(Float64Masters):
         ``[N, K, *] x 3 -> [N, S, v's width]`` (``Y``: the sampling matrix, ``[S, K]``)."""
         H = self.config.num_heads
         Y = self.sft.to_matrix.to(q.dtype)  # [S, K]
-        q, k, v = (t.unflatten(-1, (H, -1)).transpose(1, 2) for t in (q, k, v))  # [N, H, K, d]
-        a = (q * self.scale) @ k.transpose(-1, -2)  # [N, H, K, K]: A_q A_k^T / sqrt(d)
+        a = self._coefficient_logits(q, k)  # [N, H, K, K]
+        if self.config.logit_cap is not None:
+            a = a * self._cap_factor(a)[..., None, None]  # [N, H, K, K], |logits| < cap
+        v = v.unflatten(-1, (H, -1)).transpose(1, 2)  # [N, H, K, d_v]
         # Y A Y^T with Y only ever the right operand (a 2-D right operand folds the batch into one GEMM)
         logits = (a.transpose(-1, -2) @ Y.T).transpose(-1, -2) @ Y.T  # [N, H, S, S]
         bias = self._attention_bias(logits.dtype)  # [S, S], [H, S, S] or None
@@ -222,15 +228,19 @@ class SphericalTransformer(Float64Masters):
         o = (weights @ Y) @ v  # [N, H, S, d_v]
         return o.transpose(1, 2).flatten(-2)  # [N, S, H * d_v]
 
-    def _cap_queries(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        """Query coefficients ``[N, K, C]`` rescaled per atom and head so that the content logits are below
-        ``logit_cap`` in magnitude (``A -> A c tanh(sigma/c)/sigma``, ``sigma = ||A||_F``; module doc, step 5)."""
-        c, H = self.config.logit_cap, self.config.num_heads
-        qh, kh = (t.unflatten(-1, (H, -1)).transpose(1, 2) for t in (q, k))  # [N, H, K, d]
-        a = (qh * self.scale) @ kh.transpose(-1, -2)  # [N, H, K, K]
+    def _coefficient_logits(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """``A = A_q A_k^T / sqrt(d)`` per head from the query and key coefficients: ``[N, K, C] x 2 -> [N, H, K, K]``
+        (the content logits are ``Y A Y^T``)."""
+        H = self.config.num_heads
+        q, k = (t.unflatten(-1, (H, -1)).transpose(1, 2) for t in (q, k))  # [N, H, K, d]
+        return (q * self.scale) @ k.transpose(-1, -2)  # [N, H, K, K]
+
+    def _cap_factor(self, a: torch.Tensor) -> torch.Tensor:
+        """``c tanh(sigma/c) / sigma`` with ``sigma = ||A||_F`` (``a``: ``[N, H, K, K]``): the factor on ``A`` (or
+        on the queries) that keeps the content logits below ``logit_cap`` in magnitude (module doc, step 5)."""
+        c = self.config.logit_cap
         sigma = torch.sqrt(a.pow(2).sum((-1, -2)) + (1e-6 * c) ** 2)  # [N, H], smooth at A = 0
-        g = c * torch.tanh(sigma / c) / sigma  # [N, H], in (0, 1]
-        return (qh * g[..., None, None]).transpose(1, 2).flatten(-2)  # [N, K, C]
+        return c * torch.tanh(sigma / c) / sigma  # [N, H], in (0, 1]
 
     def forward(
         self,
@@ -258,15 +268,15 @@ class SphericalTransformer(Float64Masters):
             C = cfg.channels
             c = self.qkv(self.norm(x))  # [N, K, 2C + E*M]
             sizes = [C, C, c.shape[-1] - 2 * C]
-            if cfg.logit_cap is not None:
-                q, k, v = c.split(sizes, dim=-1)  # [N, K, C] x 2, [N, K, E*M]
-                c = torch.cat([self._cap_queries(q, k), k, v], dim=-1)  # [N, K, 2C + E*M]
             if self.factored:  # the same attention through the coefficients (rotating them rotates the grid)
                 c = c if D is None else D.transpose(-1, -2) @ c  # [N, K, 2C + E*M]
                 o = self._attend_factored(*c.split(sizes, dim=-1))  # [N, S, E*M]
             else:
+                g = None  # the cap's factor is rotation invariant: taken from the unrotated coefficients
+                if cfg.logit_cap is not None:
+                    g = self._cap_factor(self._coefficient_logits(*c.split(sizes, dim=-1)[:2]))  # [N, H]
                 f = self.sft.to_sphere(c, rotation=D)  # [N, S, 2C + E*M]
-                o = self._attend(*f.split(sizes, dim=-1))  # [N, S, E*M] (split: one cat in backward)
+                o = self._attend(*f.split(sizes, dim=-1), q_scale=g)  # [N, S, E*M] (split: one cat in backward)
             y = self.sft.from_sphere(F.silu(o), rotation=D)  # [N, K, E*M]
             y = (y.unflatten(-1, (E, self.hidden)) * gates[:, None, :, None]).flatten(-2)  # [N, K, E*M]
             out = self.out(y)  # [N, K, C]

@@ -82,6 +82,10 @@ def checkpoint_config(ck: Dict[str, Any]):
     return OmegaConf.merge(OmegaConf.structured(TrainConfig), raw)
 
 
+class IncompatibleOverrides(ValueError):
+    """``model_overrides`` that change the shapes of a checkpoint's weights."""
+
+
 def load_trained_model(path: str, *, map_location: Any = "cpu", use_ema: bool = True,
                        model_overrides: Dict[str, Any] | None = None):
     """Rebuild a trained model from an est.train checkpoint: ``(model in eval mode, checkpoint dict)``.
@@ -95,8 +99,8 @@ def load_trained_model(path: str, *, map_location: Any = "cpu", use_ema: bool = 
     options that keep the weights' shapes, e.g. ``{"est": {"grid": {"degree": 20}}}``:
     the EST default's weights act on irreps coefficients, so the same weights
     sample any design, and a model whose attention sharpened in training aliases
-    less on a finer one (``benchmarks/bench_trained_grid.py``). ``ValueError`` when
-    the overrides change the weights' shapes.
+    less on a finer one (``benchmarks/bench_trained_grid.py``).
+    :class:`IncompatibleOverrides` (a ``ValueError``) when they change the weights' shapes.
     """
     path = resolve_checkpoint_path(path)
     ck = load_checkpoint(path, map_location=map_location)
@@ -113,6 +117,6 @@ def load_trained_model(path: str, *, map_location: Any = "cpu", use_ema: bool = 
         if not model_overrides:
             raise
         first = str(err).strip().splitlines()[-1].strip()
-        raise ValueError(f"model_overrides={model_overrides} change the shapes of {path}'s weights ({first}). Fix: "
+        raise IncompatibleOverrides(f"model_overrides={model_overrides} change the shapes of {path}'s weights ({first}). Fix: "
                          "override only options the weights do not depend on, e.g. {'est': {'grid': {'degree': 20}}}") from None
     return model.eval(), ck
