@@ -8,7 +8,8 @@ eval mode (worst of 4 random rotations, relative). The baseline in the same
 run is our SteerableFFN block (EquiformerV2's update: one steerable expert on
 the 18x18 equiangular grid). This is the table that chose our default: the
 spherical Transformer with its linear maps on the irreps ("irreps"
-projections), MLP ratio 2, on a design of degree ``max(16, min(4L, max(3L, 18)))``.
+projections), MLP ratio 2, on a design of degree ``max(16, min(4L, max(3L, 18)))``,
+attention logits bounded by 4 (the sweeps below vary the default, cap included).
 
     python benchmarks/bench_est_block.py [--quick] [--atoms 1000] [--device cpu]
 """
@@ -45,7 +46,7 @@ def _configs(L: int):
     yield "EquiformerV2 FFN (baseline)", preset_config("default", lmax=L, channels=128, num_spherical_experts=0,
                                                        num_steerable_experts=1, **common)
     yield "EST paper preset", preset_config("paper", lmax=L, channels=128, **common)
-    yield f"default: irreps proj., r=2, t={default_degree(L)}", preset_config("default", lmax=L, channels=128)
+    yield f"default: irreps proj., r=2, t={default_degree(L)}, logits < 4", preset_config("default", lmax=L, channels=128)
     # the previous default: hybrid (FFN expert on t = max(3L, 18) + ST), per-point LayerNorms and linears, t = 3L
     previous = dict(num_steerable_experts=1, projections="points", mlp_ratio=4, ffn_hidden_channels=128,
                     ffn_grid=design(max(3 * L, 18)))
@@ -56,8 +57,8 @@ def _configs(L: int):
     for t, r in [(3 * L, 2), (4 * L, 1), (4 * L, 2), (4 * L, 4), (default_degree(L), 1)]:
         yield f"irreps proj., r={r}, t={t}", preset_config("default", lmax=L, channels=128, grid=design(t), mlp_ratio=r)
     yield f"irreps proj., r=2, t={default_degree(L)}, 4 heads", preset_config("default", lmax=L, channels=128, num_heads=4)
-    yield f"irreps proj., r=2, t={default_degree(L)}, logits capped at 4", preset_config("default", lmax=L, channels=128,
-                                                                                         logit_cap=4.0)
+    yield f"default without the logit cap (v1 default), t={default_degree(L)}", preset_config(
+        "default", lmax=L, channels=128, logit_cap=None)
     yield f"irreps proj., r=2, t={default_degree(L)}, no encoding", preset_config("default", lmax=L, channels=128,
                                                                                    encoding="none")
     yield "default + FFN expert (hybrid)", preset_config("default", lmax=L, channels=128, num_steerable_experts=1)

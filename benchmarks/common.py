@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
-#: the studies' ``est-capped`` model: the EST default with its attention logits bounded (|q . k| / sqrt(d) < 4;
-#: est.nn.spherical_transformer); its label is summary.LABELS["est-capped"]
-EST_CAPPED = ["model.update=est", "model.est.preset=default", "model.est.logit_cap=4.0"]
+#: the studies' ``est-uncapped`` model: the EST default without its bound on the attention logits (the
+#: default before model defaults v2, est.models.config.MODEL_DEFAULTS_VERSION); label: summary.LABELS["est-uncapped"]
+EST_UNCAPPED = ["model.update=est", "model.est.preset=default", "model.est.logit_cap=0"]
 
 
 def setup_threads(n: int | None = None) -> int:

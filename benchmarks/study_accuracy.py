@@ -13,13 +13,14 @@ Models (the shape of ``eqv2-tiny``, L = 3, 2 layers, 32 channels; QM9 uses the
 
 * ``fairchem``     fairchem's EquiformerV2 (energy / direct force heads, molecules in a periodic box),
 * ``est-ffn``      est's EquiformerV2 (``update="ffn"``),
-* ``est-default``  est's EST block, our default preset,
+* ``est-default``  est's EST block, our default preset (attention logits bounded by 4),
 * ``est-paper``    the EST paper's module preset,
 * ``est-spherical`` the spherical-only update (``update="spherical"``),
-* ``est-capped``   ``est-default`` with ``model.est.logit_cap=4`` (bounded attention logits),
+* ``est-uncapped`` ``est-default`` with ``model.est.logit_cap=0`` (unbounded attention logits: the
+  default before v2; its runs were made as ``est-default``, the default's as ``est-capped``),
 * ``est-t4`` / ``est-t8`` / ``est-t12``: the previous default (``est-hybrid0``)
   with the spherical Transformer's t-design of degree 4 / 8 / 12 (accuracy vs S on QM9);
-  ``est-default-t8`` / ``est-default-t12``: the default on t = 8 / 12 instead
+  ``est-default-t8`` / ``est-default-t12``: the uncapped default on t = 8 / 12 instead
   of its 16 (QM9, L = 2: why the default grid has t >= 16).
 * training parity, one factor at a time on ``est-ffn``: ``est-ffn-eqv2init``
   (EquiformerV2's weight initialisation), ``est-ffn-strict`` (exactly
@@ -101,10 +102,10 @@ MODELS: dict[str, list[str]] = {
     "est-t4": ["model.update=est", *PREVIOUS_DEFAULT, "model.est.grid.degree=4"],
     "est-t8": ["model.update=est", *PREVIOUS_DEFAULT, "model.est.grid.degree=8"],
     "est-t12": ["model.update=est", *PREVIOUS_DEFAULT, "model.est.grid.degree=12"],
-    # the default's grid at L = 2 before it was raised to t = 16 (S = 146), and a step between
-    "est-default-t8": ["model.update=est", "model.est.preset=default", "model.est.grid.degree=8"],
-    "est-default-t12": ["model.update=est", "model.est.preset=default", "model.est.grid.degree=12"],
-    "est-capped": common.EST_CAPPED,  # the default with bounded attention logits
+    # the (uncapped) default's grid at L = 2 before it was raised to t = 16 (S = 146), and a step between
+    "est-default-t8": [*common.EST_UNCAPPED, "model.est.grid.degree=8"],
+    "est-default-t12": [*common.EST_UNCAPPED, "model.est.grid.degree=12"],
+    "est-uncapped": common.EST_UNCAPPED,  # the default without its bound on the attention logits
     # training parity with fairchem, one factor at a time (est's EquiformerV2 + fairchem's choice)
     "est-ffn-eqv2init": ["model.update=ffn", "model.weight_init=eqv2"],
     "est-ffn-strict": ["model.update=ffn", "model.neighbor_tie_mode=strict"],

@@ -1,9 +1,10 @@
 """Expressivity study: est's layers vs an e3nn tensor-product model on the
 synthetic tasks of :mod:`est.testing.expressivity` (resumable).
 
-Rows: EquiformerV2 (``update="ffn"``), the EST default block, the EST paper
-preset, spherical experts only, and an e3nn TFN/NequIP-style model; all one
-layer unless the task varies depth, same width ``--channels``.
+Rows: EquiformerV2 (``update="ffn"``), the EST default block (and without its
+logit cap, the default before v2), the EST paper preset, spherical experts only,
+and an e3nn TFN/NequIP-style model; all one layer unless the task varies depth,
+same width ``--channels``.
 
 * ``rotsym``: L = 1..6 x fold in {2, 3, 5, 10}, equivariant readout;
 * ``kchain`` (k = 4): layers 1..k+1 at L = ``--kchain-lmax``, invariant readout;
@@ -46,9 +47,12 @@ def _previous_default(experts: int):
                           grid=dict(kind="design", degree=3 * L), steerable_grid=dict(kind="design", degree=max(3 * L, 18)))
 
 
+UNCAPPED = "EST default, uncapped (v1)"
 MODELS = {
     "eqv2 (ffn)": dict(kind="est", update="ffn", preset="default"),
     "EST default": dict(kind="est", update="est", preset="default"),
+    # the default before model defaults v2 (no bound on the attention logits): its cells were run as "EST default"
+    UNCAPPED: dict(kind="est", update="est", preset="default", est=lambda L: dict(logit_cap=0)),
     "EST paper": dict(kind="est", update="est", preset="paper"),
     "EST hybrid (previous default)": dict(kind="est", update="est", preset="default", est=_previous_default(1)),
     "spherical only (previous, per-point)": dict(kind="est", update="spherical", preset="default",

@@ -17,14 +17,15 @@ channels, cutoff 5 A, every neighbour, no periodic images, conservative forces
 
 * ``est-ffn``      est's EquiformerV2 (``update="ffn"``), the reference row,
 * ``est-default``  the EST block, default preset (on main: the spherical
-  Transformer only, linear maps on the irreps; the issue's "spherical experts
-  only" row is this model, so it is not run twice),
+  Transformer only, linear maps on the irreps, attention logits bounded by 4;
+  the issue's "spherical experts only" row is this model, so it is not run twice),
 * ``est-paper``    the EST paper's module preset,
 * ``est-half``     ``est-default`` at half the width (channels, attention and
   feed-forward hidden channels halved): the paper's "small EST beats larger models",
-* ``est-capped``   ``est-default`` with its attention logits bounded by 4
-  (``model.est.logit_cap=4``): trained logits sharpen, and the bound keeps the
-  softmax resolved by the degree-16 design (trained equivariance),
+* ``est-uncapped`` ``est-default`` without the bound (``model.est.logit_cap=0``; the
+  default before v2): trained logits sharpen and alias on the degree-16 design;
+  ``est-half-uncapped`` the same at half width. (Their seed-0 runs were made as
+  ``est-default`` / ``est-half``; the default's seed 0 as ``est-capped``.)
 * ``mace``         MACE 0.3.16 (``benchmarks/baseline/mace_baseline.py``, its own
   venv and training entry point: 2 layers, 64 channels, L = 2, correlation 3,
   r_max 5 A, its loss weights, float64), on the same frames and batch size.
@@ -117,12 +118,14 @@ MODELS: dict[str, list[str]] = {
     "est-default": ["model.update=est", "model.est.preset=default"],
     "est-paper": ["model.update=est", "model.est.preset=paper"],
     "est-half": ["model.update=est", "model.est.preset=default", *HALF],
-    "est-capped": common.EST_CAPPED,  # the default with bounded attention logits
+    "est-uncapped": common.EST_UNCAPPED,  # the default without its bound on the attention logits
+    "est-half-uncapped": [*common.EST_UNCAPPED, *HALF],
     MACE: [],
 }
 LABELS = {"est-ffn": "est EquiformerV2 (`update=\"ffn\"`)", "est-default": "est EST default (spherical Transformer only)",
           "est-paper": "est EST (paper preset)", "est-half": "est EST default, half width",
-          "est-capped": f"est {ACCURACY_LABELS['est-capped']}", MACE: "MACE (L=2, 64 ch)"}
+          "est-uncapped": f"est {ACCURACY_LABELS['est-uncapped']}", "est-half-uncapped": "est EST default, uncapped, half width",
+          MACE: "MACE (L=2, 64 ch)"}
 REFERENCE = "est-ffn"
 #: issue 17: EST default force MAE <= 0.90x est's EquiformerV2 at equal time (paired seeds)
 TARGET = ("est-default", 0.90)

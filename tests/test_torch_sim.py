@@ -15,6 +15,7 @@ from torch_sim.models.interface import validate_model_outputs  # noqa: E402
 from est.calculators import ESTCalculator, UnsupportedStructureError  # noqa: E402
 from est.calculators.torch_sim import ESTTorchSimModel  # noqa: E402
 from est.train.checkpoint import save_checkpoint  # noqa: E402
+from est.models.config import MODEL_DEFAULTS_VERSION
 
 from test_calculators import MEAN, MICRO, STD, _bulk, _model, _mol, _slab  # noqa: E402
 
@@ -31,7 +32,7 @@ def checkpoint(tmp_path_factory):
             "atomref": ref}
     kw = {k: (list(v) if isinstance(v, tuple) else v) for k, v in MICRO.items()}
     path = str(tmp_path_factory.mktemp("ts") / "best.pt")
-    save_checkpoint({"model": model.state_dict(), "ema": None, "normalizers": norm, "step": 1, "elements": ELEMENTS,
+    save_checkpoint({"model": model.state_dict(), "ema": None, "normalizers": norm, "step": 1, "model_defaults": MODEL_DEFAULTS_VERSION, "elements": ELEMENTS,
                      "elements_source": "test", "config": {"model": {"name": "est-tiny", "regress_forces": "gradient", **kw},
                                                            "data": {"task": "s2ef", "atomref": "fit"}}}, path)
     return path

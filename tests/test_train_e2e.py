@@ -52,7 +52,8 @@ def test_resume_after_sigterm_is_exact(tmp_path, s2ef_data):
     assert b.fit() == "interrupted"
     ck = load_checkpoint(str(tmp_path / "b" / "last.pt"))
     assert ck["step"] == 2 and ck["sampler"]["position"] == 2 and ck["epoch"] == 0  # mid-epoch (4 steps/epoch)
-    assert set(ck) >= {"model", "optimizer", "scheduler", "ema", "normalizers", "rng", "sampler", "config", "best"}
+    assert set(ck) >= {"model", "optimizer", "scheduler", "ema", "normalizers", "rng", "sampler", "config", "best",
+                       "model_defaults"}
     assert ck["config"]["trainer"]["max_epochs"] == 2 and ck["config"]["model"]["_target_"].endswith("PairModel")
     b2 = Trainer(_s2ef_cfg(tmp_path / "b"), datasets=s2ef_data)
     assert b2.step == 2

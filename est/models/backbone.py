@@ -75,6 +75,8 @@ def update_block_config(cfg: ModelConfig):
                 "num_spherical_experts"):
         if getattr(est, key) is not None:
             overrides[key] = getattr(est, key)
+    if overrides.get("logit_cap") == 0:  # model.est.logit_cap=0: off
+        overrides["logit_cap"] = None
     block = preset_config(est.preset, lmax=cfg.lmax, channels=cfg.channels, **overrides)
     block.grid = _grid(block.grid, est.grid)
     block.ffn_grid = _grid(block.ffn_grid, est.steerable_grid)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ..nn.grid import check_positive
 
 __all__ = ["ModelConfig", "ESTOptions", "GridOptions", "UPDATES", "FORCE_MODES", "RENAMED_KEYS", "check_renamed",
-           "migrate_model_keys"]
+           "migrate_model_keys", "MODEL_DEFAULTS_VERSION"]
 
 UPDATES = ("ffn", "est", "spherical")
 FORCE_MODES = ("direct", "gradient", None)
@@ -34,7 +34,9 @@ class ESTOptions:
     Transformer's points; ``steerable_grid``: the steerable (FFN) experts' grid
     (for ``update="ffn"`` and the paper preset the model's ``grid_resolution``
     equiangular grid, as EquiformerV2). Hydra: ``model.est.preset=paper``,
-    ``model.est.grid.degree=24``.
+    ``model.est.grid.degree=24``. ``logit_cap``: the bound on the spherical
+    Transformer's attention logits; ``None`` keeps the preset's (default: 4,
+    paper: none), ``0`` turns it off (``model.est.logit_cap=0``).
     """
 
     preset: str = "default"
@@ -44,10 +46,14 @@ class ESTOptions:
     encoding: str | None = None
     mlp_ratio: int | None = None
     projections: str | None = None
-    logit_cap: float | None = None
+    logit_cap: float | None = None  # None: the preset's (default: 4, paper: off); 0: off
     grid_rotation: bool | None = None
     grid: GridOptions = dataclasses.field(default_factory=GridOptions)
     steerable_grid: GridOptions = dataclasses.field(default_factory=GridOptions)
+
+    def __post_init__(self) -> None:
+        if self.logit_cap is not None and not self.logit_cap >= 0:
+            raise ValueError(f"model.est.logit_cap must be >= 0 (0: off) or None (the preset's), got {self.logit_cap!r}")
 
     @classmethod
     def from_any(cls, value) -> "ESTOptions":
@@ -116,6 +122,12 @@ def migrate_model_keys(d: Mapping) -> dict:
     if est:
         out["est"] = est
     return out
+
+
+#: the version of the presets' defaults; checkpoints record it (``"model_defaults"``).
+#: 1: no bound on the EST default's attention logits; 2: the default preset bounds them by 4.
+#: ``est.models.registry.migrate_defaults`` pins an older config to what it meant then.
+MODEL_DEFAULTS_VERSION = 2
 
 
 @dataclass(kw_only=True)

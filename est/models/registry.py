@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from .config import ModelConfig, check_renamed, merge_est
 from .model import EquiformerV2
 
-__all__ = ["MODEL_CONFIGS", "build_model", "list_models", "model_config"]
+__all__ = ["MODEL_CONFIGS", "build_model", "list_models", "model_config", "migrate_defaults"]
 
 _EQV2_OC20 = dict(
     channels=128, attn_hidden_channels=64, num_heads=8, attn_alpha_channels=64, attn_value_channels=16,
@@ -91,3 +91,27 @@ def model_config(name: str, **overrides) -> ModelConfig:
 def build_model(name: str = "est-tiny", **overrides) -> EquiformerV2:
     """Build a named model, e.g. ``build_model("est-tiny", regress_forces="gradient")``."""
     return EquiformerV2(model_config(name, **overrides))
+
+
+def migrate_defaults(d: Mapping, version: int) -> dict:
+    """A model config dict (``build_model`` keywords) written under defaults ``version``, pinned to
+    what it meant then (``est.models.config.MODEL_DEFAULTS_VERSION``).
+
+    Before version 2 the EST default preset had no bound on its attention
+    logits and ``est.logit_cap`` was ``None``; today ``None`` takes the preset's
+    4. A config whose update block is the EST default with irreps projections
+    (``update`` and ``est`` read through its named shape) gets
+    ``est.logit_cap = 0`` (off), so it loads the function it was trained as.
+    Other configs, and ``_target_`` models, are returned unchanged.
+    """
+    out = dict(d)
+    if version >= 2 or "_target_" in out:
+        return out
+    shape = MODEL_CONFIGS.get(out.get("name"), {})
+    update = out.get("update", shape.get("update", "ffn"))
+    est = dict(out.get("est") or {})
+    effective = {**dict(shape.get("est") or {}), **{k: v for k, v in est.items() if v is not None}}
+    default_block = effective.get("preset", "default") == "default" and effective.get("projections", "irreps") == "irreps"
+    if update != "ffn" and default_block and est.get("logit_cap") is None:
+        out["est"] = {**est, "logit_cap": 0.0}
+    return out

@@ -20,7 +20,8 @@ For each atom, with features :math:`h \in \mathbb{R}^{K\times C}` and points
    of :math:`\int e^{q\cdot k(t)} v(t)\,dt / \int e^{q\cdot k(t)}\,dt` (without it a
    Gauss-Legendre or equiangular grid over-weights its poles and the module is
    not equivariant however fine the grid);
-   ``logit_cap`` :math:`c` ("irreps" projections; off by default) bounds the
+   ``logit_cap`` :math:`c` ("irreps" projections; off in this module, 4 in the
+   ESTBlock default preset) bounds the
    content logits :math:`\ell(p, t) = Y(p)^\top A\, Y(t)` with
    :math:`A = A_q A_k^\top/\sqrt{d'}` (per atom and head): since
    :math:`\|Y(p)\| = 1` at every point, :math:`|\ell| \le \|A\|_2 \le \|A\|_F = \sigma`,

@@ -5,7 +5,9 @@ A checkpoint is a dict of tensors and plain python values only (so
 ``model``, ``optimizer``, ``scheduler``, ``ema``, ``normalizers``, ``rng``
 (one entry per rank), ``sampler``, ``step``, ``epoch``, ``best``, ``config``
 (the full resolved config), ``elements`` (atomic numbers seen in training,
-with ``elements_source``) and ``format``.
+with ``elements_source``), ``model_defaults`` (the version of the model
+presets' defaults the config was resolved under,
+``est.models.config.MODEL_DEFAULTS_VERSION``; absent: 1) and ``format``.
 Writes go to a temporary file in the same folder, are flushed and fsynced,
 then renamed over the target (``os.replace``), so a crash never leaves a
 half-written ``last.pt``.

@@ -18,7 +18,7 @@ from torch import nn
 from .checkpoint import load_checkpoint, resolve_checkpoint_path
 from .config import ConfigError, TrainConfig
 
-__all__ = ["build_model_from_config", "model_state", "load_trained_model", "checkpoint_config"]
+__all__ = ["build_model_from_config", "model_state", "load_trained_model", "checkpoint_config", "checkpoint_model_config"]
 
 
 def model_dict(model_cfg: Any) -> Dict[str, Any]:
@@ -72,14 +72,22 @@ def model_state(ck: Dict[str, Any], use_ema: bool = True) -> Dict[str, Any]:
 
 
 def checkpoint_config(ck: Dict[str, Any]):
-    """The checkpoint's training config (``TrainConfig`` schema), with model keys of older versions
-    renamed (flat ``est_*`` -> nested ``est``), so old checkpoints keep loading."""
+    """The checkpoint's training config (``TrainConfig`` schema), with its model config as it was
+    trained (:func:`checkpoint_model_config`), so old checkpoints keep loading."""
     raw = dict(ck["config"])
     if isinstance(raw.get("model"), dict):
-        from est.models.config import migrate_model_keys
-
-        raw["model"] = migrate_model_keys(raw["model"])
+        raw["model"] = checkpoint_model_config(ck, raw["model"])
     return OmegaConf.merge(OmegaConf.structured(TrainConfig), raw)
+
+
+def checkpoint_model_config(ck: Dict[str, Any], model: Dict[str, Any]) -> Dict[str, Any]:
+    """``model`` (a model config dict saved in checkpoint ``ck``) in today's keys and defaults:
+    old flat ``est_*`` keys nested into ``est``, and the defaults of the checkpoint's
+    ``model_defaults`` version pinned (``est.models.registry.migrate_defaults``)."""
+    from est.models.config import migrate_model_keys
+    from est.models.registry import migrate_defaults
+
+    return migrate_defaults(migrate_model_keys(model), int(ck.get("model_defaults", 1)))
 
 
 class IncompatibleOverrides(ValueError):

@@ -56,7 +56,8 @@ from torch import nn
 
 from .checkpoint import FORMAT_VERSION, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import ConfigError, TrainConfig, to_container, validate_numbers
-from .loading import build_model_from_config, load_trained_model, model_dict, model_state  # noqa: F401
+from ..models.config import MODEL_DEFAULTS_VERSION
+from .loading import build_model_from_config, checkpoint_model_config, load_trained_model, model_dict, model_state  # noqa: F401
 from .data import Prefetcher, build_datasets, dataset_natoms, make_loader, resolve_model_stats, training_elements
 from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_object, setup_distributed
 from .ema import EMA
@@ -141,7 +142,7 @@ class Trainer:
             self.task.load_state_dict(ckpt["normalizers"])
             if ckpt.get("elements"):
                 elements = ([int(z) for z in ckpt["elements"]], str(ckpt.get("elements_source", "checkpoint")))
-            model_cfg = ckpt["config"]["model"]
+            model_cfg = checkpoint_model_config(ckpt, ckpt["config"]["model"])
             check_same_model(model_cfg, model_dict(cfg.model), self.resumed_from)
         else:
             if self.info.is_main:
@@ -226,6 +227,7 @@ class Trainer:
             "elements": list(self.elements),
             "elements_source": self.elements_source,
             "config": self.config_dict,
+            "model_defaults": MODEL_DEFAULTS_VERSION,
         }
 
     def _load_state(self, ck: Dict[str, Any]) -> None:
