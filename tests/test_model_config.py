@@ -97,3 +97,18 @@ def test_old_checkpoint_loads_uncapped_and_new_one_records_its_defaults(tmp_path
     save_checkpoint({**ck, "model_defaults": MODEL_DEFAULTS_VERSION}, str(tmp_path / "new.pt"))
     new, _ = load_trained_model(str(tmp_path / "new.pt"))
     assert {b.config.logit_cap for b in new.modules() if type(b).__name__ == "SphericalTransformer"} == {4.0}
+
+
+def test_resuming_an_uncapped_run_names_the_option():
+    """Resuming a run trained before defaults v2 under today's default is refused with the option that
+    resumes it as trained; with that option the configs agree."""
+    from est.models.registry import migrate_defaults
+    from est.train.run_dir import check_same_model
+
+    now = {"name": "est-tiny", "update": "est", "est": {"preset": "default", "logit_cap": None}}
+    saved = migrate_defaults(now, 1)
+    with pytest.raises(ConfigError, match=r"model\.est\).*add model\.est\.logit_cap=0 to resume it"):
+        check_same_model(saved, now, "run/last.pt")
+    check_same_model(saved, {**now, "est": {"preset": "default", "logit_cap": 0}}, "run/last.pt")
+    with pytest.raises(ConfigError, match=r"model\.lmax\)\. Fix: use a new run_dir"):
+        check_same_model(saved, {**now, "lmax": 2, "est": {"preset": "default", "logit_cap": 0}}, "run/last.pt")

@@ -70,8 +70,14 @@ def check_same_model(saved: Dict[str, Any], now: Dict[str, Any], path: Optional[
     """
     diff: List[str] = sorted(k for k in set(now) | set(saved) if now.get(k) != saved.get(k) and now.get(k) != "auto")
     if diff:
+        hint = ""
+        was, is_ = dict(saved.get("est") or {}), dict(now.get("est") or {})
+        if diff == ["est"] and was.get("logit_cap") == 0 and is_.get("logit_cap") is None \
+                and {k: v for k, v in was.items() if k != "logit_cap"} == {k: v for k, v in is_.items() if k != "logit_cap"}:
+            hint = (" It was trained before model defaults v2 with unbounded attention logits; "
+                    "add model.est.logit_cap=0 to resume it as it was trained, or")
         raise ConfigError(f"{path} was trained with a different model config ({', '.join('model.' + k for k in diff)}). "
-                          "Fix: use a new run_dir, or trainer.resume=never to start over in this one.")
+                          f"Fix:{hint} use a new run_dir, or trainer.resume=never to start over in this one.")
 
 
 def final_results_written(run_dir: str, step: int) -> bool:
