@@ -124,7 +124,8 @@ MODELS: dict[str, list[str]] = {
 }
 LABELS = {"est-ffn": "est EquiformerV2 (`update=\"ffn\"`)", "est-default": "est EST default (spherical Transformer only)",
           "est-paper": "est EST (paper preset)", "est-half": "est EST default, half width",
-          "est-uncapped": f"est {ACCURACY_LABELS['est-uncapped']}", "est-half-uncapped": "est EST default, uncapped, half width",
+          "est-uncapped": f"est {ACCURACY_LABELS['est-uncapped']}",
+          "est-half-uncapped": "est EST default, uncapped, half width",
           MACE: "MACE (L=2, 64 ch)"}
 REFERENCE = "est-ffn"
 #: issue 17: EST default force MAE <= 0.90x est's EquiformerV2 at equal time (paired seeds)

@@ -331,7 +331,8 @@ def test_qm9_checkpoint_total_energy_and_autograd_forces(tmp_path):
     path = str(tmp_path / "qm9.pt")
     norm = {"mean": torch.tensor([-70.0], dtype=torch.float64), "std": torch.tensor([10.0], dtype=torch.float64),
             "ref": torch.zeros(1, 100, dtype=torch.float64), "cols": torch.tensor([12])}
-    save_checkpoint({"model": model.state_dict(), "ema": None, "normalizers": norm, "step": 1, "model_defaults": MODEL_DEFAULTS_VERSION,
+    save_checkpoint({"model": model.state_dict(), "ema": None, "normalizers": norm, "step": 1,
+                     "model_defaults": MODEL_DEFAULTS_VERSION,
                      "config": {"model": {"name": "est-tiny", **kw}, "data": {"task": "qm9", "targets": [7], "atomref": "b3lyp"}}},
                     path)
     calc = ESTCalculator.from_checkpoint(path, dtype=torch.float64)

@@ -32,7 +32,8 @@ def checkpoint(tmp_path_factory):
             "atomref": ref}
     kw = {k: (list(v) if isinstance(v, tuple) else v) for k, v in MICRO.items()}
     path = str(tmp_path_factory.mktemp("ts") / "best.pt")
-    save_checkpoint({"model": model.state_dict(), "ema": None, "normalizers": norm, "step": 1, "model_defaults": MODEL_DEFAULTS_VERSION, "elements": ELEMENTS,
+    save_checkpoint({"model": model.state_dict(), "ema": None, "normalizers": norm, "step": 1, "elements": ELEMENTS,
+                     "model_defaults": MODEL_DEFAULTS_VERSION,
                      "elements_source": "test", "config": {"model": {"name": "est-tiny", "regress_forces": "gradient", **kw},
                                                            "data": {"task": "s2ef", "atomref": "fit"}}}, path)
     return path

@@ -57,7 +57,8 @@ from torch import nn
 from .checkpoint import FORMAT_VERSION, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import ConfigError, TrainConfig, to_container, validate_numbers
 from ..models.config import MODEL_DEFAULTS_VERSION
-from .loading import build_model_from_config, checkpoint_model_config, load_trained_model, model_dict, model_state  # noqa: F401
+from .loading import (build_model_from_config, checkpoint_model_config, load_trained_model,  # noqa: F401
+                      model_dict, model_state)
 from .data import Prefetcher, build_datasets, dataset_natoms, make_loader, resolve_model_stats, training_elements
 from .distributed import DistInfo, all_gather_object, all_reduce_sum, barrier, broadcast_object, setup_distributed
 from .ema import EMA
