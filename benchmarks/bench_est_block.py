@@ -46,7 +46,8 @@ def _configs(L: int):
     yield "EquiformerV2 FFN (baseline)", preset_config("default", lmax=L, channels=128, num_spherical_experts=0,
                                                        num_steerable_experts=1, **common)
     yield "EST paper preset", preset_config("paper", lmax=L, channels=128, **common)
-    yield f"default: irreps proj., r=2, t={default_degree(L)}, logits < 4", preset_config("default", lmax=L, channels=128)
+    yield f"default: irreps proj., r=2, t={default_degree(L)}, logits < 4", preset_config("default", lmax=L,
+                                                                                         channels=128)
     # the previous default: hybrid (FFN expert on t = max(3L, 18) + ST), per-point LayerNorms and linears, t = 3L
     previous = dict(num_steerable_experts=1, projections="points", mlp_ratio=4, ffn_hidden_channels=128,
                     ffn_grid=design(max(3 * L, 18)))

@@ -51,8 +51,10 @@ def test_old_checkpoint_model_keys_migrate():
 def test_default_preset_caps_the_logits_and_zero_turns_it_off():
     """The EST default bounds its attention logits by 4; ``model.est.logit_cap=0`` is the uncapped block,
     the paper preset and per-point projections have no cap (it needs band-limited logits)."""
-    caps = lambda **est: [b.config.logit_cap for b in build_model("est-tiny", update="est", est=est).modules()  # noqa: E731
-                          if type(b).__name__ == "SphericalTransformer"]
+    def caps(**est):
+        model = build_model("est-tiny", update="est", est=est)
+        return [b.config.logit_cap for b in model.modules() if type(b).__name__ == "SphericalTransformer"]
+
     assert caps() == [4.0, 4.0]
     assert caps(logit_cap=0) == [None, None] and caps(logit_cap=2.5) == [2.5, 2.5]
     assert caps(preset="paper") == [None, None] and caps(projections="points") == [None, None]

@@ -53,7 +53,8 @@ class ESTOptions:
 
     def __post_init__(self) -> None:
         if self.logit_cap is not None and not self.logit_cap >= 0:
-            raise ValueError(f"model.est.logit_cap must be >= 0 (0: off) or None (the preset's), got {self.logit_cap!r}")
+            raise ValueError(f"model.est.logit_cap must be >= 0 (0: off) or None (the preset's), "
+                             f"got {self.logit_cap!r}")
 
     @classmethod
     def from_any(cls, value) -> "ESTOptions":

@@ -111,7 +111,8 @@ def migrate_defaults(d: Mapping, version: int) -> dict:
     update = out.get("update", shape.get("update", "ffn"))
     est = dict(out.get("est") or {})
     effective = {**dict(shape.get("est") or {}), **{k: v for k, v in est.items() if v is not None}}
-    default_block = effective.get("preset", "default") == "default" and effective.get("projections", "irreps") == "irreps"
-    if update != "ffn" and default_block and est.get("logit_cap") is None:
+    capped_block = (effective.get("preset", "default") == "default"
+                    and effective.get("projections", "irreps") == "irreps")
+    if update != "ffn" and capped_block and est.get("logit_cap") is None:
         out["est"] = {**est, "logit_cap": 0.0}
     return out

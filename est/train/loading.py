@@ -18,7 +18,8 @@ from torch import nn
 from .checkpoint import load_checkpoint, resolve_checkpoint_path
 from .config import ConfigError, TrainConfig
 
-__all__ = ["build_model_from_config", "model_state", "load_trained_model", "checkpoint_config", "checkpoint_model_config"]
+__all__ = ["build_model_from_config", "model_state", "load_trained_model", "checkpoint_config",
+           "checkpoint_model_config"]
 
 
 def model_dict(model_cfg: Any) -> Dict[str, Any]:
@@ -125,6 +126,7 @@ def load_trained_model(path: str, *, map_location: Any = "cpu", use_ema: bool = 
         if not model_overrides:
             raise
         first = str(err).strip().splitlines()[-1].strip()
-        raise IncompatibleOverrides(f"model_overrides={model_overrides} change the shapes of {path}'s weights ({first}). Fix: "
-                         "override only options the weights do not depend on, e.g. {'est': {'grid': {'degree': 20}}}") from None
+        raise IncompatibleOverrides(
+            f"model_overrides={model_overrides} change the shapes of {path}'s weights ({first}). Fix: override only "
+            "options the weights do not depend on, e.g. {'est': {'grid': {'degree': 20}}}") from None
     return model.eval(), ck
