@@ -70,7 +70,8 @@ vs seconds, one line per seed).
 Each (molecule, model, seed) is one subprocess with one thread, ``--jobs`` at
 a time, in ``ROOT/<molecule>/<model>-s<seed>/``; it resumes a killed run
 (est: the trainer's ``last.pt`` and ``curve.jsonl``; MACE: its own checkpoint;
-test metrics, equivariance and MD are kept in their own JSON files) and is
+test metrics, equivariance and MD are kept in their own JSON files; the MD
+saves its trajectory state every 1,000 steps in ``md_state.json``) and is
 skipped once ``result.json`` exists (delete the folder to rerun it). The
 budget of a root is fixed by its first call (``ROOT/budget.json``).
 
@@ -601,7 +602,8 @@ def run_est(molecule: str, model: str, seed: int, rd: Path, data_dir: Path, budg
         start = relaxed_atoms(data_dir, molecule)
         calc = ESTCalculator(checkpoint=str(best), dtype=torch.float64)
         return mb.nve_md(start, calc, steps=budget.md_steps, timestep_fs=budget.md_timestep_fs,
-                         temperature_K=budget.md_temperature_K, seed=seed, reference=start, every=budget.md_every)
+                         temperature_K=budget.md_temperature_K, seed=seed, reference=start, every=budget.md_every,
+                         checkpoint=str(rd / "md_state.json"))
 
     metrics = cached(rd / "test.json", test_metrics)
     eq = cached(rd / "equivariance.json", equivariance)
@@ -634,7 +636,7 @@ def run_mace(molecule: str, seed: int, rd: Path, data_dir: Path, root: Path, bud
     md_result = cached(rd / "md.json", lambda: mb.run_in_venv(
         "md", "--model", rec["model"], "--xyz", files["relaxed"], "--steps", str(budget.md_steps),
         "--timestep-fs", str(budget.md_timestep_fs), "--temperature", str(budget.md_temperature_K), "--seed", str(seed),
-        "--every", str(budget.md_every), "--dtype", dtype))
+        "--every", str(budget.md_every), "--dtype", dtype, "--checkpoint", str(rd / "md_state.json")))
     steps = curve[-1]["step"] if curve else 0
     opt_cpu = rec.get("opt_s_total", 0.0) * ratio
     return dict(molecule=molecule, model=MACE, seed=seed, kind="mace", steps=steps, params=metrics.get("params"),

@@ -163,3 +163,35 @@ def test_nve_md_with_an_ase_calculator(mb):
     squeezed.positions *= 0.6
     out = mb.nve_md(a, EMT(), steps=2, reference=squeezed)
     assert not out["intact"] and out["max_bond_stretch"] > 1.5
+
+
+def test_nve_md_resumes_bit_for_bit(mb, tmp_path):
+    """A trajectory killed after its last checkpoint and started again ends where the uninterrupted one ends,
+    bit for bit; the state file goes once the run is done, and a checkpoint of other settings is not used."""
+    from ase.calculators.emt import EMT
+    from ase.cluster import Icosahedron
+
+    a = Icosahedron("Cu", 2)
+    whole = mb.nve_md(a, EMT(), steps=30, timestep_fs=1.0, seed=3)
+    state = tmp_path / "md_state.json"
+
+    class Killed(EMT):  # dies at its 20th force call (step 19), after the checkpoint of step 10
+        calls = 0
+
+        def calculate(self, *args, **kwargs):
+            Killed.calls += 1
+            if Killed.calls == 20:
+                raise KeyboardInterrupt("killed")
+            super().calculate(*args, **kwargs)
+
+    with pytest.raises(KeyboardInterrupt):
+        mb.nve_md(a, Killed(), steps=30, timestep_fs=1.0, seed=3, checkpoint=str(state), checkpoint_every=10)
+    saved = json.loads(state.read_text())
+    assert saved["done"] == 10 and len(saved["etot"]) == 11
+    resumed = mb.nve_md(a, EMT(), steps=30, timestep_fs=1.0, seed=3, checkpoint=str(state), checkpoint_every=10)
+    assert not state.exists()
+    for k in ("steps", "drift_meV_atom_ps", "max_dev_meV_atom", "max_bond_stretch", "T_end_K"):
+        assert resumed[k] == whole[k], k
+    state.write_text(json.dumps(dict(saved, key=dict(saved["key"], seed=4))))
+    other = mb.nve_md(a, EMT(), steps=30, timestep_fs=1.0, seed=3, checkpoint=str(state), checkpoint_every=10)
+    assert other["T_end_K"] == whole["T_end_K"] and not state.exists()

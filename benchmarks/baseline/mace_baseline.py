@@ -518,8 +518,24 @@ def bonds(atoms, *, scale: float = 1.2) -> tuple[np.ndarray, np.ndarray]:
     return pairs, d[i, j][keep]
 
 
+def _load_md_state(path: Optional[str], key: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The saved trajectory state at ``path`` if it belongs to this run (same start, settings and length)."""
+    if not path or not Path(path).exists():
+        return None
+    try:
+        state = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        print(f"[md] {path}: unreadable checkpoint ({type(exc).__name__}), starting the trajectory afresh", flush=True)
+        return None
+    if state.get("key") != key:
+        print(f"[md] {path}: checkpoint of another run (settings differ), starting the trajectory afresh", flush=True)
+        return None
+    return state
+
+
 def nve_md(atoms, calc, *, steps: int, timestep_fs: float = 0.5, temperature_K: float = 300.0, seed: int = 0,
-           reference=None, bond_factor: float = 1.5, every: int = 1) -> Dict[str, Any]:
+           reference=None, bond_factor: float = 1.5, every: int = 1, checkpoint: Optional[str] = None,
+           checkpoint_every: int = 1000) -> Dict[str, Any]:
     """Velocity Verlet NVE from ``atoms`` with Maxwell-Boltzmann velocities at ``temperature_K``.
 
     Centre-of-mass momentum is removed. Every ``every`` steps the total energy
@@ -529,6 +545,13 @@ def nve_md(atoms, calc, *, steps: int, timestep_fs: float = 0.5, temperature_K: 
     ``E(t)`` divided by the atom count; ``intact`` is whether the stretch stayed
     below ``bond_factor``. A calculator error (e.g. atoms blown apart) ends the
     run early with ``failed`` set. Works for MACE's calculator and est's alike.
+
+    ``checkpoint``: a JSON file that holds the trajectory state (step, positions,
+    momenta, the records so far, seconds spent), written atomically every
+    ``checkpoint_every`` steps and removed when the run ends. A killed run
+    started again with the same arguments continues from it; velocity Verlet
+    recomputes the forces from the saved positions, so on one machine the
+    resumed trajectory is the uninterrupted one, bit for bit.
     """
     from ase import units
     from ase.md.velocitydistribution import Stationary
@@ -545,11 +568,23 @@ def nve_md(atoms, calc, *, steps: int, timestep_fs: float = 0.5, temperature_K: 
     a = atoms.copy()
     a.calc = calc
     pairs, d0 = bonds(reference if reference is not None else atoms)
-    _thermalize(a, temperature_K=temperature_K, rng=np.random.RandomState(seed))
-    Stationary(a)
-    t_ps, etot, stretch = [], [], []
+    key = {"numbers": [int(z) for z in a.numbers], "start": a.get_positions().tolist(), "steps": int(steps),
+           "timestep_fs": float(timestep_fs), "temperature_K": float(temperature_K), "seed": int(seed),
+           "every": int(every)}
+    state = _load_md_state(checkpoint, key)
+    if state is None:
+        _thermalize(a, temperature_K=temperature_K, rng=np.random.RandomState(seed))
+        Stationary(a)
+        t_ps, etot, stretch, spent = [], [], [], (0.0, 0.0)
+    else:
+        a.set_positions(np.asarray(state["positions"]))
+        a.set_momenta(np.asarray(state["momenta"]))
+        t_ps, etot, stretch, spent = state["t_ps"], state["etot"], state["stretch"], tuple(state["spent"])
+        print(f"[md] resumed from {checkpoint} at step {state['done']} of {steps}", flush=True)
 
     def record():
+        if len(t_ps) > md.nsteps // every:  # an ASE that calls observers again at the start of a resumed run
+            return
         pos = a.get_positions()
         d = np.linalg.norm(pos[pairs[:, 0]] - pos[pairs[:, 1]], axis=-1) if len(pairs) else np.ones(1)
         t_ps.append(len(t_ps) * every * timestep_fs * 1e-3)
@@ -560,11 +595,29 @@ def nve_md(atoms, calc, *, steps: int, timestep_fs: float = 0.5, temperature_K: 
     md.attach(record, interval=every)
     failed = ""
     t0, c0 = time.perf_counter(), time.process_time()
+
+    def elapsed() -> tuple[float, float]:
+        return spent[0] + time.perf_counter() - t0, spent[1] + time.process_time() - c0
+
+    def save() -> None:
+        tmp = f"{checkpoint}.tmp-{os.getpid()}"
+        Path(tmp).write_text(json.dumps({"key": key, "done": int(md.nsteps), "positions": a.get_positions().tolist(),
+                                         "momenta": a.get_momenta().tolist(), "t_ps": t_ps, "etot": etot,
+                                         "stretch": stretch, "spent": list(elapsed())}))
+        os.replace(tmp, checkpoint)
+
+    if checkpoint:
+        Path(checkpoint).parent.mkdir(parents=True, exist_ok=True)
+        md.attach(save, interval=max(int(checkpoint_every), 1))
+    if state is not None:
+        md.nsteps = int(state["done"])  # ASE counts on from here and skips the start-of-run observers
     try:
-        md.run(steps)
+        md.run(steps - md.nsteps)
     except Exception as exc:  # noqa: BLE001 - any calculator failure ends this trajectory, reported
         failed = f"stopped after {md.nsteps} steps: {type(exc).__name__}: {str(exc)[:120]}"
-    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    seconds, cpu = elapsed()
+    if checkpoint and Path(checkpoint).exists():
+        Path(checkpoint).unlink()
     e, t = np.asarray(etot), np.asarray(t_ps)
     finite = bool(np.isfinite(e).all())
     slope = float(np.polyfit(t, e, 1)[0]) if len(e) > 2 and finite else float("nan")
@@ -632,6 +685,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--every", type=int, default=1)
     m.add_argument("--dtype", default="float64")
+    m.add_argument("--checkpoint", default=None, help="resumable: trajectory state saved here every 1000 steps")
 
     for s in (e, t, v, m):
         s.add_argument("--json", default=None, help="also write the result here")
@@ -653,7 +707,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         start = read_frames(args.xyz)[args.frame]
         calc = mace_calculator(args.model, dtype=args.dtype)
         result = nve_md(start, calc, steps=args.steps, timestep_fs=args.timestep_fs, temperature_K=args.temperature,
-                        seed=args.seed, every=args.every)
+                        seed=args.seed, every=args.every, checkpoint=args.checkpoint)
         result.update(model=args.model, xyz=args.xyz, frame=args.frame)
     _emit(result, args.json)
     return 0
