@@ -118,6 +118,12 @@ def accuracy_tables(acc: dict[str, Any]) -> dict[str, str]:
                     if ratios:
                         row[f"{PRIMARY[data]} / fairchem (per seed)"] = (
                             " ".join(f"{x:.2f}" for x in ratios) + (f" ({wins}/{len(ratios)} lower)" if model != "fairchem" else ""))
+                if kind == "ablation" and model.startswith("est-ffn-") and "est-ffn" in per_model:
+                    # one training-side factor on top of est-ffn: its effect, paired by seed
+                    ratios, wins = paired(recs, per_model["est-ffn"], PRIMARY[data])
+                    if ratios:
+                        row["/ est-ffn (per seed; mean)"] = (" ".join(f"{x:.3f}" for x in ratios)
+                                                             + f"; {statistics.fmean(ratios):.3f} ({wins}/{len(ratios)} lower)")
                 rows.append(row)
             if kind == "accuracy":
                 mp = per_model[names[0]][0]["metrics"]
