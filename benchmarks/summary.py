@@ -95,6 +95,12 @@ def paired(recs: list[dict], base: list[dict], key: str) -> tuple[list[float], i
     return ratios, sum(x < 1 for x in ratios)
 
 
+def ablation_order(per_model: dict[str, Any]) -> list[str]:
+    """The models outside :data:`MAIN` in :data:`LABELS` order (one factor at a time before the combinations), then the rest."""
+    known = list(LABELS)
+    return sorted((m for m in per_model if m not in MAIN), key=lambda m: known.index(m) if m in known else len(known))
+
+
 def accuracy_tables(acc: dict[str, Any]) -> dict[str, str]:
     """``accuracy-<data>`` (main models), ``ablation-<data>`` (the others), ``accuracy-equivariance``."""
     out: dict[str, str] = {}
@@ -102,7 +108,7 @@ def accuracy_tables(acc: dict[str, Any]) -> dict[str, str]:
     for data, per_model in acc["runs"].items():
         base = per_model.get("fairchem")
         for kind, names in (("accuracy", [m for m in MAIN if m in per_model]),
-                            ("ablation", ["est-default"] * ("est-default" in per_model) + [m for m in per_model if m not in MAIN])):
+                            ("ablation", ["est-default"] * ("est-default" in per_model) + ablation_order(per_model))):
             if not names or (kind == "ablation" and not [m for m in names if m != "est-default"]):
                 continue
             rows = []
