@@ -131,6 +131,8 @@ LABELS = {"est-ffn": "est EquiformerV2 (`update=\"ffn\"`)", "est-default": "est 
 #: models run only when named (--models): the default without its logit bound
 ABLATIONS = ("est-uncapped", "est-half-uncapped")
 REFERENCE = "est-ffn"
+#: per run folder: the NVE trajectory's state while it runs (``mace_baseline.nve_md(checkpoint=...)``; resumable)
+MD_STATE = "md_state.json"
 #: issue 17: EST default force MAE <= 0.90x est's EquiformerV2 at equal time (paired seeds)
 TARGET = ("est-default", 0.90)
 #: --clock -> the curve key holding that clock's seconds ("step-cost": steps x the model's interleaved step cost)
@@ -603,7 +605,7 @@ def run_est(molecule: str, model: str, seed: int, rd: Path, data_dir: Path, budg
         calc = ESTCalculator(checkpoint=str(best), dtype=torch.float64)
         return mb.nve_md(start, calc, steps=budget.md_steps, timestep_fs=budget.md_timestep_fs,
                          temperature_K=budget.md_temperature_K, seed=seed, reference=start, every=budget.md_every,
-                         checkpoint=str(rd / "md_state.json"))
+                         checkpoint=str(rd / MD_STATE))
 
     metrics = cached(rd / "test.json", test_metrics)
     eq = cached(rd / "equivariance.json", equivariance)
@@ -636,7 +638,7 @@ def run_mace(molecule: str, seed: int, rd: Path, data_dir: Path, root: Path, bud
     md_result = cached(rd / "md.json", lambda: mb.run_in_venv(
         "md", "--model", rec["model"], "--xyz", files["relaxed"], "--steps", str(budget.md_steps),
         "--timestep-fs", str(budget.md_timestep_fs), "--temperature", str(budget.md_temperature_K), "--seed", str(seed),
-        "--every", str(budget.md_every), "--dtype", dtype, "--checkpoint", str(rd / "md_state.json")))
+        "--every", str(budget.md_every), "--dtype", dtype, "--checkpoint", str(rd / MD_STATE)))
     steps = curve[-1]["step"] if curve else 0
     opt_cpu = rec.get("opt_s_total", 0.0) * ratio
     return dict(molecule=molecule, model=MACE, seed=seed, kind="mace", steps=steps, params=metrics.get("params"),

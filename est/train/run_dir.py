@@ -72,7 +72,9 @@ def check_same_model(saved: Dict[str, Any], now: Dict[str, Any], path: Optional[
     if diff:
         hint = ""
         was, is_ = dict(saved.get("est") or {}), dict(now.get("est") or {})
-        rest = lambda est: {k: v for k, v in est.items() if k != "logit_cap"}  # noqa: E731
+        def rest(est: Dict[str, Any]) -> Dict[str, Any]:  # the EST options other than the logit cap
+            return {k: v for k, v in est.items() if k != "logit_cap"}
+
         if diff == ["est"] and was.get("logit_cap") == 0 and is_.get("logit_cap") is None and rest(was) == rest(is_):
             hint = (" It was trained before model defaults v2 with unbounded attention logits; "
                     "add model.est.logit_cap=0 to resume it as it was trained, or")
