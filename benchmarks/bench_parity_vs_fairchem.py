@@ -52,16 +52,13 @@ def loss_gradients(net, fn, inputs, *, rename=lambda name: name) -> dict[str, to
 
 def compare(shape: str, layers: int, calls: int, seed: int) -> list[dict]:
     from est.models import EquiformerV2
+    from est.testing import default_dtype
 
     name = {"tiny": "eqv2-tiny", "small": "eqv2-small", "31m": "equiformer_v2-31m"}[shape]
     cfg = fe.comparable_config(name, num_layers=layers, cutoff=6.0, max_neighbors=20)
     torch.manual_seed(seed)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)  # fairchem builds constants (its Wigner-D tables) in the default dtype
-    try:
+    with default_dtype(torch.float64):  # fairchem builds constants (its Wigner-D tables) in the default dtype
         theirs = fe.FairchemModel(cfg).double().eval()
-    finally:
-        torch.set_default_dtype(previous)
     ours = EquiformerV2(cfg).double().eval()
     fe.fairchem_to_est(theirs.model, ours)
     f_fc, f_est = fe.fairchem_callable(theirs), fe.fairchem_callable(ours)

@@ -12,6 +12,11 @@ same width ``--channels``.
   readout, at L = ``--counter-lmax``;
 * equivariance of each model's pooled features on the rotsym graphs (float64,
   at initialisation): is a "success" where exact models must fail an artefact?
+* separation at initialisation of every cell (float64, 3 seeds,
+  :func:`est.testing.expressivity.separation`; ``expressivity_separation.json``):
+  the relative difference of the two classes' logits next to the rotation
+  floor. Round-off means the architecture cannot separate the pair; a value
+  well above the floor means it can, and training decides the rest.
 
 Protocol: :func:`est.testing.expressivity.train_classifier` (Adam lr 1e-4,
 100 epochs, fresh weights per seed). Each (cell, seed) is one job; results go
@@ -21,6 +26,7 @@ short sitting gives a complete table with fewer seeds first.
 
     python benchmarks/study_expressivity.py --workers 2          # the full study
     python benchmarks/study_expressivity.py --table              # print the tables only
+    python benchmarks/study_expressivity.py --separation-only    # the separation pass only (minutes)
     python benchmarks/study_expressivity.py --only "rotsym[fold=10]|EST default|L=6"   # one cell
 """
 from __future__ import annotations
@@ -40,6 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, print_table  # noqa: E402
 
 OUT = RESULTS / "expressivity.json"
+#: separation at initialisation per cell (a file of its own: a training run in progress rewrites OUT)
+SEPARATION_OUT = RESULTS / "expressivity_separation.json"
+SEPARATION_SEEDS = 3
 def _previous_default(experts: int):
     """The EST default before the irreps-projection redesign: per-point LayerNorms and linears, MLP ratio 4,
     spherical Transformer on a design of degree 3L, ``experts`` steerable (FFN) experts."""
@@ -119,16 +128,13 @@ def equivariance_error(model_name: str, *, lmax: int, fold: int, channels: int, 
     from torch_geometric.data import Batch
 
     from est.so3 import random_rotation, wigner_D
+    from est.testing import default_dtype
     from est.testing.expressivity import make_task
 
     torch.manual_seed(0)
     task = make_task("rotsym", fold=fold)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)  # e3nn builds its coupling tables in the default dtype
-    try:
+    with default_dtype(torch.float64):  # e3nn builds its coupling tables in the default dtype
         model = build(model_name, lmax=lmax, num_layers=1, readout="equivariant", channels=channels, task=task)
-    finally:
-        torch.set_default_dtype(default)
     model = model.double().eval()
     gen = torch.Generator().manual_seed(1)
     worst = 0.0
@@ -150,6 +156,31 @@ def equivariance_error(model_name: str, *, lmax: int, fold: int, channels: int, 
                 ref = D @ f
                 worst = max(worst, float((fr - ref).norm() / f.norm()))
     return worst
+
+
+def cell_separation(cell: dict, channels: int, seeds: int = SEPARATION_SEEDS) -> dict:
+    """:func:`est.testing.expressivity.separation` of one cell's model at initialisation (float64)."""
+    from est.testing.expressivity import make_task, separation
+
+    task = make_task(cell["task"], **cell["params"])
+
+    res = separation(lambda: build(cell["model"], lmax=cell["lmax"], num_layers=cell["layers"], readout=task.readout,
+                                   channels=channels, task=task), task, seeds=seeds)
+    return {k: res[k] for k in ("per_seed", "floor_per_seed", "seeds")}
+
+
+def separation_pass(cells_: list[dict], channels: int, path: Path) -> dict:
+    """Separation of every cell not yet in ``path`` (resumable; saved after each cell)."""
+    sep = json.loads(path.read_text()) if path.exists() else dict(config=dict(channels=channels), cells={})
+    if sep["config"] != dict(channels=channels):
+        sys.exit(f"{path} was made with {sep['config']}; pass the same --channels or move the file away")
+    todo = [c for c in cells_ if key(c) not in sep["cells"]]
+    for i, c in enumerate(todo, 1):
+        sep["cells"][key(c)] = cell_separation(c, channels)
+        save(sep, path)
+        if i % 20 == 0:
+            print(f"  separation {i}/{len(todo)}", flush=True)
+    return sep
 
 
 def load(path: Path) -> dict:
@@ -178,8 +209,57 @@ def fmt(entry: dict | None) -> str:
     return f"{m:.0f} ± {s:.0f}" + ("" if n >= 10 else f" (n={n})")
 
 
-def tables(data: dict, *, echo: bool = True) -> dict[str, str]:
-    """Markdown tables ``{"rotsym", "kchain", "counterexample"}`` from the study's JSON."""
+def fmt_separation(entry: dict | None) -> str:
+    """``d_min..d_max`` over seeds, then the rotation floor (its max) where the readout is invariant."""
+    if not entry:
+        return "-"
+    d, floor = entry["per_seed"], entry.get("floor_per_seed")
+    text = f"{min(d):.0e}" if len(d) == 1 else f"{min(d):.0e}..{max(d):.0e}"
+    return text + (f"; floor {max(floor):.0e}" if floor else "")
+
+
+def separation_tables(sep: dict, data_config: dict, models: list[str]) -> dict[str, tuple[list[dict], list[str], str]]:
+    """Rows, columns and title of the separation tables (``rotsym``: the extremes on each side of the degree cap)."""
+    cells_ = sep["cells"]
+
+    def find(task, params, model, L, layers):
+        return cells_.get(key(dict(task=task, params=params, model=model, lmax=L, layers=layers)))
+
+    models = [m for m in models if any(k.split("|")[1] == m for k in cells_)]
+    out = {}
+    rows = []
+    for model in models:
+        below, above = [], []
+        for L in LMAXES:
+            for fold in FOLDS:
+                e = find("rotsym", dict(fold=fold), model, L, 1)
+                if e:
+                    (below if L < fold else above).append((max(e["per_seed"]) if L < fold else min(e["per_seed"]),
+                                                           f"L={L}, fold {fold}"))
+        rows.append({"model": model,
+                     "L < k: largest d (cell)": f"{max(below)[0]:.0e} ({max(below)[1]})" if below else "-",
+                     "L >= k: smallest d (cell)": f"{min(above)[0]:.0e} ({min(above)[1]})" if above else "-",
+                     "cells": f"{len(below)} + {len(above)}"})
+    out["rotsym-separation"] = (rows, ["model", "L < k: largest d (cell)", "L >= k: smallest d (cell)", "cells"],
+                                "rotsym: separation d of the two orientations at initialisation (float64, "
+                                f"{SEPARATION_SEEDS} seeds), below and above the degree cap")
+    k, kL = data_config.get("kchain_k", 4), data_config.get("kchain_lmax", 2)
+    rows = [{"model": model, **{f"{n} layers": fmt_separation(find("kchain", dict(k=k), model, kL, n))
+                                for n in range(1, k + 2)}} for model in models]
+    out["kchain-separation"] = (rows, ["model"] + [f"{n} layers" for n in range(1, k + 2)],
+                                f"kchain (k={k}, L={kL}): separation d at initialisation and rotation floor")
+    L = data_config.get("counter_lmax", 4)
+    bodies = {"2-body": dict(body=2), "3-body": dict(body=3), "4-body chiral": dict(body=4, chiral=True)}
+    rows = [{"model": model, **{name: fmt_separation(find("counterexample", params, model, L, 1))
+                                for name, params in bodies.items()}} for model in models]
+    out["counterexample-separation"] = (rows, ["model", *bodies],
+                                        f"counterexamples (one layer, L={L}): separation d at initialisation and rotation floor")
+    return out
+
+
+def tables(data: dict, *, echo: bool = True, separation: dict | None = None) -> dict[str, str]:
+    """Markdown tables ``{"rotsym", "kchain", "counterexample"}`` from the study's JSON, and with
+    ``separation`` (``expressivity_separation.json``) ``{"rotsym-separation", ...}``."""
     def table(rows, cols, title):
         return print_table(rows, cols, title) if echo else _markdown(rows, cols)
 
@@ -222,6 +302,9 @@ def tables(data: dict, *, echo: bool = True) -> dict[str, str]:
         })
     out["counterexample"] = table(rows, ["model", "2-body", "3-body", "4-body chiral"],
                                   f"counterexamples (one layer, L={L}): accuracy (%), invariant readout")
+    if separation:
+        for name, (rows, cols, title) in separation_tables(separation, cfg, list(MODELS)).items():
+            out[name] = table(rows, cols, title)
     return out
 
 
@@ -251,10 +334,13 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--table", action="store_true", help="print the tables from the JSON and exit")
+    ap.add_argument("--separation-only", action="store_true",
+                    help="compute the missing separation entries of the selected cells, print, exit (no training)")
     args = ap.parse_args()
     data = load(args.out)
+    sep_path = SEPARATION_OUT if args.out == OUT else args.out.with_name(args.out.stem + "_separation.json")
     if args.table:
-        tables(data)
+        tables(data, separation=json.loads(sep_path.read_text()) if sep_path.exists() else None)
         return
     config = dict(epochs=args.epochs, lr=args.lr, channels=args.channels, kchain_k=args.kchain_k,
                   kchain_lmax=args.kchain_lmax, counter_lmax=args.counter_lmax)
@@ -269,6 +355,10 @@ def main() -> None:
                 data["equivariance"][k] = equivariance_error(model, lmax=L, fold=max(2, L), channels=args.channels)
                 save(data, args.out)
     all_cells = [c for c in cells(args) if not args.only or any(t in key(c) for t in args.only)]
+    sep = separation_pass(all_cells, args.channels, sep_path)  # cheap: forward passes at init
+    if args.separation_only:
+        tables(data, separation=sep)
+        return
     for c in all_cells:
         data["cells"].setdefault(key(c), dict(cell=c, runs=[]))
     passes = sorted(set(min(p, args.seeds) for p in args.seed_passes) | {args.seeds})
@@ -289,7 +379,7 @@ def main() -> None:
                 save(data, args.out)
                 if i % 20 == 0:
                     print(f"  {i}/{len(jobs)} done", flush=True)
-    tables(data)
+    tables(data, separation=sep)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@ by the tables named NAME (``accuracy-qm9``, ``accuracy-emt``,
 ``accuracy-equivariance``, ``ablation-qm9``, ``ablation-emt``, and the same
 with a ``grid18-`` prefix for ``accuracy_grid18.json``), so the README shows
 exactly what the JSON holds; ``expressivity.json`` (``study_expressivity.py``)
-gives the blocks ``expressivity-rotsym``, ``-kchain`` and ``-counterexample``; ``forces.json``
+gives the blocks ``expressivity-rotsym``, ``-kchain`` and ``-counterexample`` (with
+``expressivity_separation.json``: ``-rotsym-separation``, ``-kchain-separation``,
+``-counterexample-separation``); ``forces.json``
 (``study_forces.py``) the blocks ``forces-<molecule>`` and ``forces-<molecule>-time``;
 ``torch_sim.json`` (``bench_torch_sim.py``) the block ``torch-sim``.
 
@@ -269,7 +271,7 @@ def main(argv=None) -> int:
         sys.path.insert(0, str(HERE))
         from study_expressivity import tables as expressivity_tables
 
-        for name, tbl in expressivity_tables(expr, echo=False).items():
+        for name, tbl in expressivity_tables(expr, echo=False, separation=load("expressivity_separation")).items():
             blocks[f"expressivity-{name}"] = tbl
             sections += ["", f"## expressivity-{name} (`study_expressivity.py`)", "", tbl]
     forces = load("forces")

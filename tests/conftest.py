@@ -1,6 +1,8 @@
 import pytest
 import torch
 
+from est.testing import default_dtype
+
 
 @pytest.fixture(autouse=True)
 def _seed():
@@ -11,7 +13,5 @@ def _seed():
 @pytest.fixture
 def float64():
     """Run a test with float64 as the default dtype, restoring it afterwards."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield torch.float64
-    torch.set_default_dtype(old)
+    with default_dtype(torch.float64) as dtype:
+        yield dtype

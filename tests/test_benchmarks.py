@@ -184,3 +184,27 @@ def test_torch_sim_bench_relaxes_the_same_minima(monkeypatch_module, tmp_path, c
     assert [r["converged"] for r in res["rows"]] == ["2/2", "2/2"]
     assert res["max_abs_de_per_atom_eV"] < 1e-4 and "random weights" in res["model"]
     assert "| torch-sim, one batch" in capsys.readouterr().out
+
+
+def test_expressivity_separation_pass_resumes_and_renders(monkeypatch_module, monkeypatch, tmp_path):
+    """The separation pass computes each cell once (a second pass reuses the file) and the tables show it."""
+    monkeypatch_module.syspath_prepend(str(BENCH))
+    study = importlib.import_module("study_expressivity")
+    cells = [dict(task="counterexample", params=dict(body=2), model=m, lmax=1, layers=1) for m in ("e3nn TP", "eqv2 (ffn)")]
+    path = tmp_path / "sep.json"
+    sep = study.separation_pass(cells, 8, path)
+    tp, ffn = (sep["cells"][study.key(c)] for c in cells)
+    assert max(tp["per_seed"]) < 1e-14 and min(ffn["per_seed"]) > 1e-4  # one TFN layer: radial sums only
+    assert len(ffn["per_seed"]) == len(ffn["floor_per_seed"]) == study.SEPARATION_SEEDS
+
+    def fail(*a, **k):
+        raise AssertionError("recomputed a cell that is in the file")
+
+    monkeypatch.setattr(study, "cell_separation", fail)
+    assert study.separation_pass(cells, 8, path) == sep
+    with pytest.raises(SystemExit, match="channels"):
+        study.separation_pass(cells, 16, path)
+    data = dict(cells={}, equivariance={}, config=dict(counter_lmax=1))
+    out = study.tables(data, echo=False, separation=sep)
+    row = next(line for line in out["counterexample-separation"].splitlines() if line.startswith("| eqv2 (ffn)"))
+    assert study.fmt_separation(ffn) in row and "; floor " in row

@@ -12,6 +12,7 @@ from est.testing.expressivity import (
     descriptors,
     est_classifier,
     make_task,
+    separation,
     tensor_product_classifier,
     train_classifier,
 )
@@ -166,3 +167,57 @@ def test_bad_training_arguments():
         train_classifier(PositionMLP, task, seeds=[])
     with pytest.raises(ValueError, match="make_task"):
         train_classifier(PositionMLP, [np.zeros(3)])
+
+
+# ---------------------------------------------------------------- separation at initialisation
+def _tp(lmax, readout="invariant"):
+    return lambda: tensor_product_classifier(lmax=lmax, channels=8, readout=readout)
+
+
+def _ffn(lmax=2, layers=1, readout="invariant", **kw):
+    return lambda: est_classifier(update="ffn", lmax=lmax, channels=8, num_layers=layers, readout=readout, **kw)
+
+
+def test_separation_tells_cannot_from_can():
+    """One TFN layer's invariants are sums of radial functions: the 2-body pair is the same to round-off
+    (measured 0); est's update multiplies l > 0 features on the grid: 1.3e-2 / 1.6e-2. Both exactly
+    invariant: rotation floors 9e-16 (TP) and 2.6e-15 (est)."""
+    task = make_task("counterexample", body=2)
+    tp, est = separation(_tp(2), task, seeds=2), separation(_ffn(), task, seeds=2)
+    assert tp["max"] < 1e-14 and tp["floor"] < 1e-14
+    assert est["min"] > 1e-3 and est["floor"] < 3e-14
+    assert tp["seeds"] == est["seeds"] == [0, 1] and len(est["per_seed"]) == len(est["floor_per_seed"]) == 2
+
+
+def test_separation_follows_the_receptive_field_on_kchain():
+    """k = 4: one layer (2 hops with the edge-degree embedding) sees one end only, two layers let the middle
+    nodes see both: round-off, then 8.7e-9 / 4.9e-8, far above the floor (4e-15)."""
+    task = make_task("kchain", k=4)
+    one, two = (separation(_ffn(lmax=1, layers=n), task, seeds=2) for n in (1, 2))
+    assert one["max"] < 1e-14
+    assert two["min"] > 1e-9 and two["min"] > 1e4 * two["floor"]
+
+
+def test_separation_shows_the_degree_cap_and_no_floor_for_an_equivariant_readout():
+    task = make_task("rotsym", fold=3)
+    below, at = (separation(_tp(L, "equivariant"), task, seeds=2) for L in (2, 3))
+    assert below["max"] < 2.5e-14 and at["min"] > 1e-2  # measured 2.4e-15 / 5.4e-2
+    assert below["floor"] is None and below["floor_per_seed"] is None
+
+
+def test_separation_floor_flags_approximate_equivariance():
+    """The paper preset's floor on the 2-body pair: 7e-4 / 1.5e-3 (its separation 4e-3 / 1.8e-2 is not far above)."""
+    res = separation(lambda: est_classifier(update="est", preset="paper", lmax=2, channels=8, readout="invariant"),
+                     make_task("counterexample", body=2), seeds=2)
+    assert res["floor"] > 1e-4
+
+
+def test_separation_bad_input():
+    task = make_task("counterexample", body=2)
+    with pytest.raises(ValueError, match="make_task"):
+        separation(_tp(1), [np.zeros(3)])
+    with pytest.raises(ValueError, match="at least one seed"):
+        separation(_tp(1), task, seeds=[])
+    task.graphs = [task.graphs[0], task.graphs[0]]
+    with pytest.raises(ValueError, match="no two graphs of different classes"):
+        separation(_tp(1), task)

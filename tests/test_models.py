@@ -16,6 +16,7 @@ from torch_geometric.data import Batch, Data
 
 from est.models import MODEL_CONFIGS, build_model, model_config
 from est.so3 import random_rotation
+from est.testing import default_dtype
 
 
 def molecule(n, seed):
@@ -359,13 +360,9 @@ def test_float64_model_has_no_float32_rounded_constants(name):
     agreement with fairchem to ~1e-6 (docs/results.md, "Same function as fairchem")."""
     torch.manual_seed(0)
     cast = build_model(name).double()
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
+    with default_dtype(torch.float64):
         torch.manual_seed(0)
         native = build_model(name)
-    finally:
-        torch.set_default_dtype(previous)
     native_buffers = dict(native.named_buffers())
     for key, buf in cast.named_buffers():
         if buf.is_floating_point():

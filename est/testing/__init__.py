@@ -9,7 +9,10 @@
   features (forward hooks): where inside a model equivariance is lost.
 * :mod:`est.testing.pytest_plugin`: fixtures and the ``equivariance`` marker.
 * ``python -m est.testing.check``: the report for a checkpoint or a config.
+* :func:`default_dtype`: build a model under float64 (e3nn and fairchem make
+  their constant tables in the default dtype).
 """
+from ._cast import default_dtype
 from ._layers import assert_equivariant, equivariance_report
 from ._modules import check_modules
 from ._adapters import DEFAULT_OUTPUT_TYPES, Adapter, BatchModelAdapter, CallableAdapter, as_adapter
@@ -48,4 +51,5 @@ __all__ = [
     "describe_rotation",
     "search_worst_rotation",
     "special_rotations",
+    "default_dtype",
 ]

@@ -2,17 +2,34 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 import torch
 
-__all__ = ["module_dtype", "resolve_dtype", "is_dtype_error", "DTYPE_HINT"]
+__all__ = ["module_dtype", "resolve_dtype", "is_dtype_error", "default_dtype", "DTYPE_HINT"]
 
 DTYPE_HINT = (
     "est.testing checks in float64 by default (the module is copied and cast, plain functions get float64 "
     "inputs); for a function that computes in another dtype pass dtype=torch.float32, or dtype='model' to "
     "check a module in its own dtype"
 )
+
+
+@contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[torch.dtype]:
+    """``torch``'s default dtype set to ``dtype`` inside the block, restored after it.
+
+    For building models in float64: e3nn (coupling tables) and fairchem (Wigner-D
+    tables) compute constants in the default dtype, and constants made in float32
+    and cast afterwards keep float32 round-off (~1e-10 in an e3nn model's outputs).
+    """
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield dtype
+    finally:
+        torch.set_default_dtype(old)
 
 
 def module_dtype(fn: Any) -> torch.dtype | None:

@@ -34,6 +34,8 @@ import torch
 
 from est.geometry import apply_strain, radius_graph
 
+from ._cast import default_dtype
+
 __all__ = ["MorsePotential", "morse_potential", "morse_callable", "e3nn_potential", "DEFECTS", "example_molecule", "example_crystal"]
 
 DEFECTS = (None, "absolute_position", "symmetry_break", "permutation", "no_images", "chiral")
@@ -153,15 +155,11 @@ def e3nn_potential(*, lmax: int = 2, cutoff: float = 4.0, seed: int = 0, dtype: 
     """
     from e3nn import o3
 
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
+    with default_dtype(dtype):
         torch.manual_seed(seed)
         irreps_sh = o3.Irreps.spherical_harmonics(lmax)
         tp = o3.FullyConnectedTensorProduct(irreps_sh, irreps_sh, "4x0e + 1x1o")
         w_radial = torch.randn(lmax + 1, 3)
-    finally:
-        torch.set_default_dtype(old)
 
     def fn(positions, numbers, cell, pbc):
         with torch.enable_grad():

@@ -8,6 +8,9 @@ in ways some architectures cannot see? Point it at your own layer::
 * :func:`make_task`: ``"rotsym"`` (k-fold rotational symmetry), ``"kchain"``
   (depth), ``"counterexample"`` (body order); see :mod:`.tasks`.
 * :func:`train_classifier`: fresh weights per seed, mean/std/per-seed accuracy.
+* :func:`separation`: how far apart the classes' outputs are at initialisation
+  (float64), next to the rotation floor: can the architecture separate the pair
+  at all, before asking whether training finds it.
 * :func:`est_classifier` (est's EquiformerV2-style layers, ``update="ffn" | "est" |
   "spherical"``) and :func:`tensor_product_classifier` (e3nn TFN/NequIP-style).
 """
@@ -19,6 +22,7 @@ from .models import (
     tensor_product_classifier,
 )
 from .tasks import TASKS, Task, congruent, descriptors, make_task
+from .separation import separation
 from .train import evaluate_accuracy, train_classifier
 
 __all__ = [
@@ -29,6 +33,7 @@ __all__ = [
     "congruent",
     "train_classifier",
     "evaluate_accuracy",
+    "separation",
     "est_classifier",
     "ESTClassifier",
     "ClassifierConfig",
