@@ -218,6 +218,10 @@ def test_separation_bad_input():
         separation(_tp(1), [np.zeros(3)])
     with pytest.raises(ValueError, match="at least one seed"):
         separation(_tp(1), task, seeds=[])
+    with pytest.raises(ValueError, match="rotations must be >= 1"):
+        separation(_tp(1), task, rotations=0)
+    with pytest.raises(ValueError, match="must return a torch.nn.Module"):
+        separation(lambda: "model", task)
     task.graphs = [task.graphs[0], task.graphs[0]]
     with pytest.raises(ValueError, match="no two graphs of different classes"):
         separation(_tp(1), task)

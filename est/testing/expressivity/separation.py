@@ -77,6 +77,8 @@ def separation(
     seed_list = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
     if not seed_list:
         raise ValueError("separation needs at least one seed")
+    if rotations < 1:
+        raise ValueError(f"separation: rotations must be >= 1, got {rotations}")
     labels = [int(g.y) for g in task.graphs]
     pairs = [(a, b) for a, b in itertools.combinations(range(len(labels)), 2) if labels[a] != labels[b]]
     if not pairs:
@@ -87,6 +89,8 @@ def separation(
         torch.manual_seed(seed)
         with default_dtype(torch.float64):
             model = model_factory()
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"model_factory() must return a torch.nn.Module, got {type(model).__name__}")
         model = model.to(torch.float64).eval()
         z = _logits(model, _as_batch(task.graphs, torch.float64), task.num_classes)  # [B, classes]
         sep.append(min(_relative(z[a], z[b]) for a, b in pairs))
