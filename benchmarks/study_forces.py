@@ -121,15 +121,19 @@ MODELS: dict[str, list[str]] = {
     "est-half": ["model.update=est", "model.est.preset=default", *HALF],
     "est-uncapped": common.EST_UNCAPPED,  # the default without its bound on the attention logits
     "est-half-uncapped": [*common.EST_UNCAPPED, *HALF],
+    # the default on a degree-14 design (114 points instead of 146): a trained t = 16 model loses nothing
+    # on it (bench_trained_grid.py); does one trained on it, at ~0.8x the attention's points?
+    "est-t14": ["model.update=est", "model.est.preset=default", "model.est.grid.degree=14"],
     MACE: [],
 }
 LABELS = {"est-ffn": "est EquiformerV2 (`update=\"ffn\"`)", "est-default": "est EST default (spherical Transformer only)",
           "est-paper": "est EST (paper preset)", "est-half": "est EST default, half width",
           "est-uncapped": f"est {ACCURACY_LABELS['est-uncapped']}",
           "est-half-uncapped": "est EST default, uncapped, half width",
+          "est-t14": "est EST default on a degree-14 design (S = 114)",
           MACE: "MACE (L=2, 64 ch)"}
-#: models run only when named (--models): the default without its logit bound
-ABLATIONS = ("est-uncapped", "est-half-uncapped")
+#: models run only when named (--models): the default without its logit bound, the default on a coarser design
+ABLATIONS = ("est-uncapped", "est-half-uncapped", "est-t14")
 REFERENCE = "est-ffn"
 #: per run folder: the NVE trajectory's state while it runs (``mace_baseline.nve_md(checkpoint=...)``; resumable)
 MD_STATE = "md_state.json"

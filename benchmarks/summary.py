@@ -22,7 +22,8 @@ gives the blocks ``expressivity-rotsym``, ``-kchain`` and ``-counterexample`` (w
 ``expressivity_separation.json``: ``-rotsym-separation``, ``-kchain-separation``,
 ``-counterexample-separation``); ``forces.json``
 (``study_forces.py``) the blocks ``forces-<molecule>`` and ``forces-<molecule>-time``;
-``torch_sim.json`` (``bench_torch_sim.py``) the block ``torch-sim``.
+``torch_sim.json`` (``bench_torch_sim.py``) the block ``torch-sim``; ``trained_grid.json`` and
+``trained_grid_coarse.json`` (``bench_trained_grid.py``) the blocks ``trained-grid`` and ``trained-grid-coarse``.
 
     python benchmarks/summary.py [--docs] [--no-plots]
 """
@@ -257,15 +258,18 @@ def main(argv=None) -> int:
         sections += ["", f"## {name} (`{script}`)"] + [f"\n{t}" for t in tables]
         if name == "torch_sim":  # docs/results.md block torch-sim
             blocks["torch-sim"] = "\n\n".join(tables)
-    grid = load("trained_grid")
-    if grid:  # docs/results.md block trained-grid
+    for name in ("trained_grid", "trained_grid_coarse"):  # docs/results.md blocks trained-grid, trained-grid-coarse
+        grid = load(name)
+        if not grid:
+            continue
         rows = [dict(model=Path(r["checkpoint"]).name, design="as trained" if r["degree"] == "trained" else r["degree"],
                      points=r["points"], **{"test forces (meV/A)": f"{r['force_mae_meV_A']:.2f}",
                                             "change vs trained (meV/A)": f"{r['change_meV_A']:.2g}",
                                             "rotation error": f"{r['rotation_error']:.1e}",
                                             "time / trained": f"{r['time_vs_trained']:.2f}"}) for r in grid["rows"]]
-        blocks["trained-grid"] = markdown_table(rows, list(rows[0]))
-        sections += ["", "## trained_grid (`bench_trained_grid.py`)", "", blocks["trained-grid"]]
+        block = name.replace("_", "-")
+        blocks[block] = markdown_table(rows, list(rows[0]))
+        sections += ["", f"## {name} (`bench_trained_grid.py`)", "", blocks[block]]
     expr = load("expressivity")
     if expr:
         sys.path.insert(0, str(HERE))
