@@ -49,6 +49,8 @@ OUT = RESULTS / "expressivity.json"
 #: separation at initialisation per cell (a file of its own: a training run in progress rewrites OUT)
 SEPARATION_OUT = RESULTS / "expressivity_separation.json"
 SEPARATION_SEEDS = 3
+
+
 def _previous_default(experts: int):
     """The EST default before the irreps-projection redesign: per-point LayerNorms and linears, MLP ratio 4,
     spherical Transformer on a design of degree 3L, ``experts`` steerable (FFN) experts."""
@@ -163,7 +165,6 @@ def cell_separation(cell: dict, channels: int, seeds: int = SEPARATION_SEEDS) ->
     from est.testing.expressivity import make_task, separation
 
     task = make_task(cell["task"], **cell["params"])
-
     res = separation(lambda: build(cell["model"], lmax=cell["lmax"], num_layers=cell["layers"], readout=task.readout,
                                    channels=channels, task=task), task, seeds=seeds)
     return {k: res[k] for k in ("per_seed", "floor_per_seed", "seeds")}
