@@ -2,18 +2,21 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: the studies' ``est-uncapped`` model: the EST default without its bound on the attention logits (the
-#: default before model defaults v2, est.models.config.MODEL_DEFAULTS_VERSION); label: summary.LABELS["est-uncapped"]
+#: default before model defaults v2, est.models.config.MODEL_DEFAULTS_VERSION), and its label in the tables
 EST_UNCAPPED = ["model.update=est", "model.est.preset=default", "model.est.logit_cap=0"]
+EST_UNCAPPED_LABEL = "EST default without the logit cap (the default before v2)"
 
 
 def setup_threads(n: int | None = None) -> int:
@@ -51,6 +54,32 @@ def print_table(rows: list[dict], columns: list[str], title: str) -> str:
     text = "\n".join(lines)
     print(text + "\n", flush=True)
     return text
+
+
+def markdown_table(rows: list[dict[str, Any]], cols: list[str]) -> str:
+    """Rows as a Markdown table (missing cells empty), not printed."""
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def mean_sd(vals: list[float], scale: float = 1.0) -> str:
+    """``mean ± sd`` of ``vals * scale`` (nan dropped; one value alone; ``-`` for none)."""
+    vals = [v * scale for v in vals if not math.isnan(v)]
+    if not vals:
+        return "-"
+    m = statistics.fmean(vals)
+    digits = 3 if abs(m) < 100 else 4
+    if len(vals) == 1:
+        return f"{m:.{digits}g}"
+    return f"{m:.{digits}g} ± {statistics.stdev(vals):.2g}"
+
+
+def paired(recs: list[dict], base: list[dict], key: str) -> tuple[list[float], int]:
+    """Per-seed ratios ``recs`` / ``base`` (e.g. fairchem) of ``metrics[key]`` (same seed), and how many are below 1."""
+    by_seed = {r["seed"]: r["metrics"][key] for r in base}
+    ratios = [r["metrics"][key] / by_seed[r["seed"]] for r in recs if r["seed"] in by_seed]
+    return ratios, sum(x < 1 for x in ratios)
 
 
 def save(name: str, payload: dict) -> Path:

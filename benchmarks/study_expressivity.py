@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, print_table  # noqa: E402
+from common import RESULTS, markdown_table, print_table  # noqa: E402
 
 OUT = RESULTS / "expressivity.json"
 #: separation at initialisation per cell (a file of its own: a training run in progress rewrites OUT)
@@ -262,7 +262,7 @@ def tables(data: dict, *, echo: bool = True, separation: dict | None = None) -> 
     """Markdown tables ``{"rotsym", "kchain", "counterexample"}`` from the study's JSON, and with
     ``separation`` (``expressivity_separation.json``) ``{"rotsym-separation", ...}``."""
     def table(rows, cols, title):
-        return print_table(rows, cols, title) if echo else _markdown(rows, cols)
+        return print_table(rows, cols, title) if echo else markdown_table(rows, cols)
 
     cells_ = data["cells"]
     models = [m for m in MODELS if any(e["cell"]["model"] == m for e in cells_.values())]
@@ -307,11 +307,6 @@ def tables(data: dict, *, echo: bool = True, separation: dict | None = None) -> 
         for name, (rows, cols, title) in separation_tables(separation, cfg, list(MODELS)).items():
             out[name] = table(rows, cols, title)
     return out
-
-
-def _markdown(rows: list[dict], cols: list[str]) -> str:
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    return "\n".join(lines + ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows])
 
 
 def main() -> None:

@@ -102,9 +102,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "baseline"))
 
 import common  # noqa: E402
+from common import markdown_table, mean_sd, paired  # noqa: E402
 import mace_baseline as mb  # noqa: E402
-from summary import LABELS as ACCURACY_LABELS  # noqa: E402
-from summary import markdown_table, mean_sd, paired  # noqa: E402
 
 MOLECULES = ("ethanol", "malonaldehyde", "aspirin", "paracetamol")
 #: every est model: the shape and the physics (conservative forces, smooth cutoff, isolated molecules)
@@ -128,7 +127,7 @@ MODELS: dict[str, list[str]] = {
 }
 LABELS = {"est-ffn": "est EquiformerV2 (`update=\"ffn\"`)", "est-default": "est EST default (spherical Transformer only)",
           "est-paper": "est EST (paper preset)", "est-half": "est EST default, half width",
-          "est-uncapped": f"est {ACCURACY_LABELS['est-uncapped']}",
+          "est-uncapped": f"est {common.EST_UNCAPPED_LABEL}",
           "est-half-uncapped": "est EST default, uncapped, half width",
           "est-t14": "est EST default on a degree-14 design (S = 114)",
           MACE: "MACE (L=2, 64 ch)"}

@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
+
+from common import EST_UNCAPPED_LABEL, markdown_table, mean_sd, paired
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -61,7 +62,7 @@ LABELS = {"fairchem": "fairchem EquiformerV2", "est-ffn": "est EquiformerV2 (`up
           "est-t8": "previous default, ST on t=8 (S=36)", "est-t12": "previous default, ST on t=12 (S=86)",
           "est-default-t8": "EST default, uncapped, on t=8 (S=36; the L=2 default before t >= 16)",
           "est-default-t12": "EST default, uncapped, on t=12 (S=86)",
-          "est-uncapped": "EST default without the logit cap (the default before v2)",
+          "est-uncapped": EST_UNCAPPED_LABEL,
           "est-ffn-eqv2init": "est-ffn + EquiformerV2 init", "est-ffn-strict": "est-ffn + strict max_neighbors",
           "est-ffn-roll": "est-ffn + random edge roll", "est-ffn-fairchem": "est-ffn + all three",
           "est-ffn-twin": "est-ffn + all three, from fairchem's initial weights",
@@ -71,31 +72,6 @@ LABELS = {"fairchem": "fairchem EquiformerV2", "est-ffn": "est EquiformerV2 (`up
 def load(name: str) -> dict[str, Any] | None:
     path = RESULTS / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
-
-
-def mean_sd(vals: list[float], scale: float = 1.0) -> str:
-    """``mean ± sd`` of ``vals * scale`` (nan dropped; one value alone; ``-`` for none)."""
-    vals = [v * scale for v in vals if not math.isnan(v)]
-    if not vals:
-        return "-"
-    m = statistics.fmean(vals)
-    digits = 3 if abs(m) < 100 else 4
-    if len(vals) == 1:
-        return f"{m:.{digits}g}"
-    return f"{m:.{digits}g} ± {statistics.stdev(vals):.2g}"
-
-
-def markdown_table(rows: list[dict[str, Any]], cols: list[str]) -> str:
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def paired(recs: list[dict], base: list[dict], key: str) -> tuple[list[float], int]:
-    """Per-seed ratios ``recs`` / ``base`` (e.g. fairchem) of ``metrics[key]`` (same seed), and how many are below 1."""
-    by_seed = {r["seed"]: r["metrics"][key] for r in base}
-    ratios = [r["metrics"][key] / by_seed[r["seed"]] for r in recs if r["seed"] in by_seed]
-    return ratios, sum(x < 1 for x in ratios)
 
 
 def ablation_order(per_model: dict[str, Any]) -> list[str]:
