@@ -287,3 +287,16 @@ def test_check_modules_locates_the_broken_block():
     assert bad.row("rotation", "mix", "l=2").ok and bad.row("rotation", "embed", "l=1").ok
     # the end-to-end check agrees that something is wrong
     assert not check_model(_ToyNet(broken=True), example_molecule(5), checks=["rotation"]).ok
+
+
+def test_default_dtype_is_restored_even_when_the_block_raises():
+    from est.testing import default_dtype
+
+    before = torch.get_default_dtype()
+    with default_dtype(torch.float64) as dt:
+        assert dt is torch.float64 and torch.zeros(1).dtype == torch.float64
+    assert torch.get_default_dtype() == before
+    with pytest.raises(RuntimeError, match="boom"):
+        with default_dtype(torch.float64):
+            raise RuntimeError("boom")
+    assert torch.get_default_dtype() == before
