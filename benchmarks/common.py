@@ -48,10 +48,7 @@ def print_table(rows: list[dict], columns: list[str], title: str) -> str:
             return f"{v:.3g}" if (abs(v) < 1e-2 or abs(v) >= 1e4) and v != 0 else f"{v:.4g}"
         return str(v)
 
-    lines = [f"### {title}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for r in rows:
-        lines.append("| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |")
-    text = "\n".join(lines)
+    text = f"### {title}\n\n" + markdown_table([{c: fmt(r.get(c, "")) for c in columns} for r in rows], columns)
     print(text + "\n", flush=True)
     return text
 
