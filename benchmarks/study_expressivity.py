@@ -3,8 +3,11 @@ synthetic tasks of :mod:`est.testing.expressivity` (resumable).
 
 Rows: EquiformerV2 (``update="ffn"``), the EST default block (and without its
 logit cap, the default before v2), the EST paper preset, spherical experts only,
-and an e3nn TFN/NequIP-style model; all one layer unless the task varies depth,
-same width ``--channels``.
+an e3nn TFN/NequIP-style model, and MACE (correlation 3: many-body messages in
+one layer; ``benchmarks/baseline/mace_expressivity.py`` in the MACE venv, the
+same training loop; ``kchain`` and counterexamples only, since one MACE layer
+outputs scalars only); all one layer unless the task varies depth, same width
+``--channels``.
 
 * ``rotsym``: L = 1..6 x fold in {2, 3, 5, 10}, equivariant readout;
 * ``kchain`` (k = 4): layers 1..k+1 at L = ``--kchain-lmax``, invariant readout;
@@ -43,6 +46,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "baseline"))
+import mace_baseline as mb  # noqa: E402
 from common import RESULTS, markdown_table, print_table  # noqa: E402
 
 OUT = RESULTS / "expressivity.json"
@@ -69,17 +74,24 @@ MODELS = {
     "spherical only (previous, per-point)": dict(kind="est", update="spherical", preset="default",
                                                  est=_previous_default(0)),
     "e3nn TP": dict(kind="tp"),
+    "MACE (correlation 3)": dict(kind="mace", correlation=3),
 }
+#: runs in the MACE venv (``mace_baseline.run_in_venv``); invariant-readout tasks only
+MACE_SCRIPT = Path(__file__).resolve().parent / "baseline" / "mace_expressivity.py"
 FOLDS = (2, 3, 5, 10)
 LMAXES = (1, 2, 3, 4, 5, 6)
+
+
+def geometry(task) -> dict:
+    """The classifiers' normalisation and cutoff for ``task``'s graphs (the same for every row)."""
+    return dict(avg_degree=task.mean_degree, cutoff=max(2.0, 1.5 * task.max_edge_length))
 
 
 def build(model: str, *, lmax: int, num_layers: int, readout: str, channels: int, task):
     from est.testing.expressivity import est_classifier, tensor_product_classifier
 
     spec = MODELS[model]
-    common = dict(lmax=lmax, num_layers=num_layers, readout=readout, channels=channels,
-                  avg_degree=task.mean_degree, cutoff=max(2.0, 1.5 * task.max_edge_length))
+    common = dict(lmax=lmax, num_layers=num_layers, readout=readout, channels=channels, **geometry(task))
     if spec["kind"] == "tp":
         return tensor_product_classifier(**common)
     est = spec["est"](lmax) if "est" in spec else None
@@ -102,7 +114,7 @@ def cells(args) -> list[dict]:
     for L in LMAXES:
         for fold in FOLDS:
             out += [dict(task="rotsym", params=dict(fold=fold), model=m, lmax=L, layers=1) for m in args.models]
-    return [c for c in out if c["task"] in tasks]
+    return [c for c in out if c["task"] in tasks and not (c["task"] == "rotsym" and MODELS[c["model"]]["kind"] == "mace")]
 
 
 def key(cell: dict) -> str:
@@ -110,10 +122,31 @@ def key(cell: dict) -> str:
     return f"{cell['task']}[{p}]|{cell['model']}|L={cell['lmax']}|layers={cell['layers']}"
 
 
+def _mace(command: str, cell: dict, channels: int, *args) -> dict:
+    """``mace_expressivity.py COMMAND`` on ``cell``'s task graphs, in the MACE venv."""
+    import tempfile
+
+    from est.testing.expressivity import make_task
+
+    task = make_task(cell["task"], **cell["params"])
+    g = geometry(task)
+    graphs = [dict(pos=x.pos.double().tolist(), atomic_numbers=x.atomic_numbers.view(-1).tolist(),
+                   edge_index=x.edge_index.tolist(), y=int(x.y)) for x in task.graphs]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "task.json"
+        path.write_text(json.dumps(dict(graphs=graphs, num_classes=task.num_classes, mean_degree=g["avg_degree"],
+                                        cutoff=g["cutoff"])))
+        return mb.run_in_venv(command, "--task", path, "--lmax", cell["lmax"], "--layers", cell["layers"],
+                              "--channels", channels, "--correlation", MODELS[cell["model"]]["correlation"], *args,
+                              script=MACE_SCRIPT)
+
+
 def run_job(cell: dict, seed: int, channels: int, epochs: int, lr: float) -> dict:
     torch.set_num_threads(1)
     from est.testing.expressivity import make_task, train_classifier
 
+    if MODELS[cell["model"]]["kind"] == "mace":
+        return _mace("train", cell, channels, "--seed", seed, "--epochs", epochs, "--lr", lr)
     task = make_task(cell["task"], **cell["params"])
     t0 = time.perf_counter()
     res = train_classifier(
@@ -164,6 +197,8 @@ def cell_separation(cell: dict, channels: int, seeds: int = SEPARATION_SEEDS) ->
     """:func:`est.testing.expressivity.separation` of one cell's model at initialisation (float64)."""
     from est.testing.expressivity import make_task, separation
 
+    if MODELS[cell["model"]]["kind"] == "mace":
+        return _mace("separation", cell, channels, "--seeds", seeds)
     task = make_task(cell["task"], **cell["params"])
     res = separation(lambda: build(cell["model"], lmax=cell["lmax"], num_layers=cell["layers"], readout=task.readout,
                                    channels=channels, task=task), task, seeds=seeds)
@@ -172,20 +207,27 @@ def cell_separation(cell: dict, channels: int, seeds: int = SEPARATION_SEEDS) ->
 
 def separation_pass(cells_: list[dict], channels: int, path: Path) -> dict:
     """Separation of every cell not yet in ``path`` (resumable; saved after each cell)."""
-    sep = json.loads(path.read_text()) if path.exists() else dict(config=dict(channels=channels), cells={})
+    def empty() -> dict:
+        return dict(config=dict(channels=channels), cells={})
+
+    sep = update(path, lambda d: None, empty=empty)
     if sep["config"] != dict(channels=channels):
         sys.exit(f"{path} was made with {sep['config']}; pass the same --channels or move the file away")
     todo = [c for c in cells_ if key(c) not in sep["cells"]]
     for i, c in enumerate(todo, 1):
-        sep["cells"][key(c)] = cell_separation(c, channels)
-        save(sep, path)
+        entry = cell_separation(c, channels)
+        sep = update(path, lambda d: d["cells"].setdefault(key(c), entry), empty=empty)
         if i % 20 == 0:
             print(f"  separation {i}/{len(todo)}", flush=True)
     return sep
 
 
+def empty_study() -> dict:
+    return dict(cells={}, equivariance={}, config={})
+
+
 def load(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.exists() else dict(cells={}, equivariance={}, config={})
+    return json.loads(path.read_text()) if path.exists() else empty_study()
 
 
 def save(data: dict, path: Path) -> None:
@@ -193,6 +235,31 @@ def save(data: dict, path: Path) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, path)
+
+
+def update(path: Path, change, *, empty=empty_study) -> dict:
+    """Re-read the JSON at ``path`` (``empty()`` if none), apply ``change(data)``, save it atomically; the data.
+
+    Under an exclusive lock on ``.<name>.lock`` beside it, so drivers run side by side (say one per
+    ``--models``) add their results without overwriting each other's.
+    """
+    import fcntl
+
+    path.parent.mkdir(exist_ok=True, parents=True)
+    with open(path.with_name(f".{path.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = json.loads(path.read_text()) if path.exists() else empty()
+        change(data)
+        save(data, path)
+    return data
+
+
+def add_run(data: dict, cell: dict, run: dict) -> None:
+    """Add one seed's ``run`` to ``cell``'s entry in the study's ``data`` (a seed already there is kept)."""
+    entry = data["cells"].setdefault(key(cell), dict(cell=cell, runs=[]))
+    if all(r["seed"] != run["seed"] for r in entry["runs"]):
+        entry["runs"].append(run)
+        entry["runs"].sort(key=lambda r: r["seed"])
 
 
 def summary(entry: dict) -> tuple[float, float, int]:
@@ -229,7 +296,7 @@ def separation_tables(sep: dict, data_config: dict, models: list[str]) -> dict[s
     models = [m for m in models if any(k.split("|")[1] == m for k in cells_)]
     out = {}
     rows = []
-    for model in models:
+    for model in [m for m in models if MODELS[m]["kind"] != "mace"]:  # no rotsym cells
         below, above = [], []
         for L in LMAXES:
             for fold in FOLDS:
@@ -272,7 +339,7 @@ def tables(data: dict, *, echo: bool = True, separation: dict | None = None) -> 
         return cells_.get(key(dict(task=task, params=params, model=model, lmax=L, layers=layers)))
 
     rows = []
-    for model in models:
+    for model in [m for m in models if MODELS[m]["kind"] != "mace"]:  # no rotsym cells
         for L in LMAXES:
             row = {"model": model, "L": L}
             for fold in FOLDS:
@@ -342,37 +409,36 @@ def main() -> None:
                   kchain_lmax=args.kchain_lmax, counter_lmax=args.counter_lmax)
     if data["config"] and data["config"] != config:
         sys.exit(f"{args.out} was made with {data['config']}; pass the same options or move the file away")
-    data["config"] = config
+    data = update(args.out, lambda d: d.update(config=config))
     torch.set_num_threads(1)
-    for model in args.models:  # cheap: equivariance at init on the task graphs
+    if any(MODELS[m]["kind"] == "mace" for m in args.models) and not mb.available():
+        print(f"[expressivity] {mb.MISSING}", flush=True)
+        args.models = [m for m in args.models if MODELS[m]["kind"] != "mace"]
+    for model in [m for m in args.models if MODELS[m]["kind"] != "mace"]:  # cheap: equivariance at init
         for L in LMAXES:
             k = f"{model}|L={L}"
             if k not in data["equivariance"]:
-                data["equivariance"][k] = equivariance_error(model, lmax=L, fold=max(2, L), channels=args.channels)
-                save(data, args.out)
+                err = equivariance_error(model, lmax=L, fold=max(2, L), channels=args.channels)
+                data = update(args.out, lambda d: d["equivariance"].setdefault(k, err))
     all_cells = [c for c in cells(args) if not args.only or any(t in key(c) for t in args.only)]
     sep = separation_pass(all_cells, args.channels, sep_path)  # cheap: forward passes at init
     if args.separation_only:
         tables(data, separation=sep)
         return
-    for c in all_cells:
-        data["cells"].setdefault(key(c), dict(cell=c, runs=[]))
     passes = sorted(set(min(p, args.seeds) for p in args.seed_passes) | {args.seeds})
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         for upto in passes:
             jobs = {}
             for c in all_cells:
-                done = {r["seed"] for r in data["cells"][key(c)]["runs"]}
+                done = {r["seed"] for r in data["cells"].get(key(c), {}).get("runs", [])}
                 for seed in range(upto):
                     if seed not in done:
                         fut = pool.submit(run_job, c, seed, args.channels, args.epochs, args.lr)
-                        jobs[fut] = (key(c), seed)
+                        jobs[fut] = c
             print(f"pass up to {upto} seeds: {len(jobs)} jobs", flush=True)
             for i, fut in enumerate(as_completed(jobs), 1):
-                k, seed = jobs[fut]
-                data["cells"][k]["runs"].append(fut.result())
-                data["cells"][k]["runs"].sort(key=lambda r: r["seed"])
-                save(data, args.out)
+                run = fut.result()
+                data = update(args.out, lambda d: add_run(d, jobs[fut], run))
                 if i % 20 == 0:
                     print(f"  {i}/{len(jobs)} done", flush=True)
     tables(data, separation=sep)

@@ -121,12 +121,14 @@ def _thread_env(threads: int) -> Dict[str, str]:
     return env
 
 
-def run_in_venv(command: str, *args: str, threads: int = 1, timeout: Optional[float] = None) -> Dict[str, Any]:
-    """Run ``mace_baseline.py COMMAND ARGS --json TMP`` under the MACE venv; its JSON result.
+def run_in_venv(command: str, *args: str, threads: int = 1, timeout: Optional[float] = None,
+                script: str | os.PathLike | None = None) -> Dict[str, Any]:
+    """Run ``SCRIPT COMMAND ARGS --threads N --json TMP`` under the MACE venv; its JSON result.
 
-    For a script in est's environment that needs ``evaluate`` or ``md`` (both
-    import mace). Raises ``RuntimeError`` with the tail of the output when the
-    command fails, ``FileNotFoundError`` when the venv is missing.
+    ``script`` defaults to this file (``evaluate``, ``md``: both import mace);
+    ``mace_expressivity.py`` takes the same trailing options. Raises
+    ``RuntimeError`` with the tail of the output when the command fails,
+    ``FileNotFoundError`` when the venv is missing.
     """
     if not available():
         raise FileNotFoundError(f"{venv_python()} not found; {MISSING}")
@@ -134,7 +136,7 @@ def run_in_venv(command: str, *args: str, threads: int = 1, timeout: Optional[fl
 
     with tempfile.TemporaryDirectory() as tmp:
         out, log = os.path.join(tmp, "result.json"), os.path.join(tmp, "output.log")
-        argv = [str(venv_python()), str(Path(__file__).resolve()), command, *map(str, args),
+        argv = [str(venv_python()), str(Path(script or __file__).resolve()), command, *map(str, args),
                 "--threads", str(threads), "--json", out]
         code = _run_child(argv, env=_thread_env(threads), log=log, timeout=timeout)
         if code != 0 or not os.path.exists(out):

@@ -36,15 +36,11 @@ from torch import nn
 
 from ...so3 import random_rotation
 from .._cast import default_dtype
+from .protocol import relative as _relative
 from .tasks import Task
 from .train import _as_batch, _logits
 
 __all__ = ["separation"]
-
-
-def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    scale = 0.5 * (a.norm() + b.norm())
-    return float((a - b).norm() / scale) if scale > 0 else 0.0
 
 
 def _rotated(graph, R: torch.Tensor):

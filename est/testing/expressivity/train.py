@@ -7,7 +7,9 @@ is evaluated (``eval()`` mode) on all graphs; a seed's accuracy is the test
 accuracy at the epoch of best validation accuracy (the first such epoch), and
 the final-epoch accuracy is kept too. ``torch.manual_seed(seed)`` is set
 before ``model_factory()``, so weights are re-initialised for every seed and a
-run is deterministic for a given seed on CPU.
+run is deterministic for a given seed on CPU. The loop itself is
+:func:`.protocol.fit` (plain torch, shared with models trained outside est's
+environment).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import torch
 from torch import nn
 from torch_geometric.data import Batch
 
+from .protocol import fit
 from .tasks import Task
 
 __all__ = ["train_classifier", "evaluate_accuracy"]
@@ -58,37 +61,10 @@ def _train_one(model_factory, task: Task, seed: int, epochs: int, lr: float, dty
     if not isinstance(model, nn.Module):
         raise ValueError(f"model_factory() must return a torch.nn.Module, got {type(model).__name__}")
     model = model.to(dtype)
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("model_factory's model has no trainable parameters (requires_grad=True)")
-    start = [p.detach().clone() for p in params]
-    opt = torch.optim.Adam(params, lr=lr, foreach=True)
-    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="max", factor=0.9, patience=5, min_lr=1e-5)
-    order = torch.Generator().manual_seed(seed)
     batches = [_as_batch([g], dtype) for g in task.graphs]
-    best_val, best_epoch = -1.0, -1
-    acc = 0.0
-    for epoch in range(epochs):
-        model.train()
-        for i in torch.randperm(len(batches), generator=order).tolist():
-            loss = nn.functional.cross_entropy(_logits(model, batches[i], task.num_classes), batches[i].y.view(-1))
-            if not torch.isfinite(loss):
-                raise ValueError(f"non-finite loss at epoch {epoch} (seed {seed}): lower lr or check the model")
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        acc = evaluate_accuracy(model, task, dtype=dtype)  # val = test = the task's graphs
-        sched.step(acc)
-        if acc > best_val:
-            best_val, best_epoch = acc, epoch
-        if stop_at_perfect and acc == 100.0:
-            break  # the best-validation accuracy cannot change any more
-    if all(torch.equal(p0, p.detach()) for p0, p in zip(start, params)):
-        raise ValueError(
-            "the model's parameters did not change during training: check that forward() uses them and that "
-            "gradients reach them (e.g. no torch.no_grad / detach in forward)"
-        )
-    return dict(accuracy=best_val, best_epoch=best_epoch, final_accuracy=acc)
+    return fit(model, batches, [b.y for b in batches], logits=lambda m, b: _logits(m, b, task.num_classes),
+               accuracy=lambda m: evaluate_accuracy(m, task, dtype=dtype), seed=seed, epochs=epochs, lr=lr,
+               stop_at_perfect=stop_at_perfect)
 
 
 def train_classifier(
