@@ -20,7 +20,8 @@ with a ``grid18-`` prefix for ``accuracy_grid18.json``), so the README shows
 exactly what the JSON holds; ``expressivity.json`` (``study_expressivity.py``)
 gives the blocks ``expressivity-rotsym``, ``-kchain`` and ``-counterexample`` (with
 ``expressivity_separation.json``: ``-rotsym-separation``, ``-kchain-separation``,
-``-counterexample-separation``); ``forces.json``
+``-counterexample-separation``), ``expressivity_lr1e-3.json`` (``--lr 1e-3 --tasks
+counterexample``) the block ``expressivity-lr1e-3-counterexample``; ``forces.json``
 (``study_forces.py``) the blocks ``forces-<molecule>`` and ``forces-<molecule>-time``;
 ``torch_sim.json`` (``bench_torch_sim.py``) the block ``torch-sim``; ``trained_grid.json`` and
 ``trained_grid_coarse.json`` (``bench_trained_grid.py``) the blocks ``trained-grid`` and ``trained-grid-coarse``.
@@ -247,13 +248,18 @@ def main(argv=None) -> int:
         blocks[block] = markdown_table(rows, list(rows[0]))
         sections += ["", f"## {name} (`bench_trained_grid.py`)", "", blocks[block]]
     expr = load("expressivity")
-    if expr:
+    expr_lr = load("expressivity_lr1e-3")  # the counterexamples again at lr 1e-3 (trainability, not the protocol)
+    if expr or expr_lr:
         sys.path.insert(0, str(HERE))
         from study_expressivity import tables as expressivity_tables
-
+    if expr:
         for name, tbl in expressivity_tables(expr, echo=False, separation=load("expressivity_separation")).items():
             blocks[f"expressivity-{name}"] = tbl
             sections += ["", f"## expressivity-{name} (`study_expressivity.py`)", "", tbl]
+    if expr_lr:
+        tbl = expressivity_tables(expr_lr, echo=False)["counterexample"]
+        blocks["expressivity-lr1e-3-counterexample"] = tbl
+        sections += ["", "## expressivity-lr1e-3-counterexample (`study_expressivity.py --lr 1e-3`)", "", tbl]
     forces = load("forces")
     if forces:
         sys.path.insert(0, str(HERE))

@@ -225,3 +225,30 @@ def test_separation_bad_input():
     task.graphs = [task.graphs[0], task.graphs[0]]
     with pytest.raises(ValueError, match="no two graphs of different classes"):
         separation(_tp(1), task)
+
+
+def test_protocol_loads_by_path_without_est():
+    """The training loop must run where est cannot be installed (the MACE venv loads it by path): loading
+    protocol.py imports torch only, and its fit() trains a plain module on plain tensors."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import est.testing.expressivity.protocol as protocol
+
+    code = f"""
+import importlib.util, sys, torch
+spec = importlib.util.spec_from_file_location("p", {str(Path(protocol.__file__))!r})
+p = importlib.util.module_from_spec(spec); spec.loader.exec_module(p)
+assert not [m for m in sys.modules if m.split(".")[0] in ("est", "torch_geometric", "e3nn")]
+torch.manual_seed(0)
+model = torch.nn.Linear(2, 2)
+xs = [torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])]
+ys = [torch.tensor([0]), torch.tensor([1])]
+acc = lambda m: 100.0 * sum(int(m(x).argmax() == y) for x, y in zip(xs, ys)) / 2
+r = p.fit(model, xs, ys, logits=lambda m, x: m(x), accuracy=acc, seed=0, epochs=200, lr=0.05)
+assert r["accuracy"] == 100.0, r
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

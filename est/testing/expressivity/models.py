@@ -129,7 +129,6 @@ class TensorProductClassifier(nn.Module):
         self.readout_kind = readout
         C = channels
         self.irreps_sh = o3.Irreps.spherical_harmonics(lmax)
-        hidden = o3.Irreps([(C, (l, (-1) ** l)) for l in range(lmax + 1)])
         self.embedding = nn.Embedding(max_num_elements, C)
         irreps_in = o3.Irreps(f"{C}x0e")
         self.layers = nn.ModuleList()
