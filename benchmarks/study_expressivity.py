@@ -82,6 +82,12 @@ FOLDS = (2, 3, 5, 10)
 LMAXES = (1, 2, 3, 4, 5, 6)
 
 
+def in_venv(model: str) -> bool:
+    """True for a row that runs in the MACE venv: no rotsym cells (one MACE layer outputs scalars only),
+    no equivariance-at-init column (its features are not est's layout)."""
+    return MODELS[model]["kind"] == "mace"
+
+
 def geometry(task) -> dict:
     """The classifiers' normalisation and cutoff for ``task``'s graphs (the same for every row)."""
     return dict(avg_degree=task.mean_degree, cutoff=max(2.0, 1.5 * task.max_edge_length))
@@ -114,7 +120,7 @@ def cells(args) -> list[dict]:
     for L in LMAXES:
         for fold in FOLDS:
             out += [dict(task="rotsym", params=dict(fold=fold), model=m, lmax=L, layers=1) for m in args.models]
-    return [c for c in out if c["task"] in tasks and not (c["task"] == "rotsym" and MODELS[c["model"]]["kind"] == "mace")]
+    return [c for c in out if c["task"] in tasks and not (c["task"] == "rotsym" and in_venv(c["model"]))]
 
 
 def key(cell: dict) -> str:
@@ -145,7 +151,7 @@ def run_job(cell: dict, seed: int, channels: int, epochs: int, lr: float) -> dic
     torch.set_num_threads(1)
     from est.testing.expressivity import make_task, train_classifier
 
-    if MODELS[cell["model"]]["kind"] == "mace":
+    if in_venv(cell["model"]):
         return _mace("train", cell, channels, "--seed", seed, "--epochs", epochs, "--lr", lr)
     task = make_task(cell["task"], **cell["params"])
     t0 = time.perf_counter()
@@ -197,7 +203,7 @@ def cell_separation(cell: dict, channels: int, seeds: int = SEPARATION_SEEDS) ->
     """:func:`est.testing.expressivity.separation` of one cell's model at initialisation (float64)."""
     from est.testing.expressivity import make_task, separation
 
-    if MODELS[cell["model"]]["kind"] == "mace":
+    if in_venv(cell["model"]):
         return _mace("separation", cell, channels, "--seeds", seeds)
     task = make_task(cell["task"], **cell["params"])
     res = separation(lambda: build(cell["model"], lmax=cell["lmax"], num_layers=cell["layers"], readout=task.readout,
@@ -296,7 +302,7 @@ def separation_tables(sep: dict, data_config: dict, models: list[str]) -> dict[s
     models = [m for m in models if any(k.split("|")[1] == m for k in cells_)]
     out = {}
     rows = []
-    for model in [m for m in models if MODELS[m]["kind"] != "mace"]:  # no rotsym cells
+    for model in [m for m in models if not in_venv(m)]:  # no rotsym cells
         below, above = [], []
         for L in LMAXES:
             for fold in FOLDS:
@@ -339,7 +345,7 @@ def tables(data: dict, *, echo: bool = True, separation: dict | None = None) -> 
         return cells_.get(key(dict(task=task, params=params, model=model, lmax=L, layers=layers)))
 
     rows = []
-    for model in [m for m in models if MODELS[m]["kind"] != "mace"]:  # no rotsym cells
+    for model in [m for m in models if not in_venv(m)]:  # no rotsym cells
         for L in LMAXES:
             row = {"model": model, "L": L}
             for fold in FOLDS:
@@ -411,10 +417,10 @@ def main() -> None:
         sys.exit(f"{args.out} was made with {data['config']}; pass the same options or move the file away")
     data = update(args.out, lambda d: d.update(config=config))
     torch.set_num_threads(1)
-    if any(MODELS[m]["kind"] == "mace" for m in args.models) and not mb.available():
+    if any(map(in_venv, args.models)) and not mb.available():
         print(f"[expressivity] {mb.MISSING}", flush=True)
-        args.models = [m for m in args.models if MODELS[m]["kind"] != "mace"]
-    for model in [m for m in args.models if MODELS[m]["kind"] != "mace"]:  # cheap: equivariance at init
+        args.models = [m for m in args.models if not in_venv(m)]
+    for model in [m for m in args.models if not in_venv(m)]:  # cheap: equivariance at init
         for L in LMAXES:
             k = f"{model}|L={L}"
             if k not in data["equivariance"]:

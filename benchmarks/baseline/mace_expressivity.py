@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import itertools
 import json
 import os
 import sys
@@ -156,20 +155,16 @@ def _rotations(n: int, gen: torch.Generator) -> torch.Tensor:
 def separation(task: dict, args) -> dict:
     """est's separation measure at initialisation (float64): ``per_seed`` d and ``floor_per_seed``."""
     labels = [int(g["y"]) for g in task["graphs"]]
-    pairs = [(a, b) for a, b in itertools.combinations(range(len(labels)), 2) if labels[a] != labels[b]]
     sep, floor = [], []
     for seed in range(args.seeds):
         torch.manual_seed(seed)
         model = _build(task, args, torch.float64).eval()
         z = model(model.collate(task["graphs"], torch.float64))  # [B, classes]
-        sep.append(min(protocol.relative(z[a], z[b]) for a, b in pairs))
-        worst = 0.0
-        for R in _rotations(args.rotations, torch.Generator().manual_seed(seed)):
-            turned = [dict(g, pos=(torch.tensor(g["pos"], dtype=torch.float64) @ R.T).tolist())
-                      for g in task["graphs"]]
-            zr = model(model.collate(turned, torch.float64))
-            worst = max(worst, max(protocol.relative(zr[i], z[i]) for i in range(len(turned))))
-        floor.append(worst)
+        sep.append(protocol.class_separation(z, labels))
+        zr = torch.stack([model(model.collate([dict(g, pos=(torch.tensor(g["pos"], dtype=torch.float64) @ R.T).tolist())
+                                               for g in task["graphs"]], torch.float64))
+                          for R in _rotations(args.rotations, torch.Generator().manual_seed(seed))])  # [R, B, classes]
+        floor.append(protocol.rotation_floor(z, zr))
     return dict(per_seed=sep, floor_per_seed=floor, seeds=list(range(args.seeds)))
 
 

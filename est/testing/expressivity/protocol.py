@@ -23,13 +23,25 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-__all__ = ["fit", "relative"]
+__all__ = ["fit", "relative", "class_separation", "rotation_floor"]
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     """:math:`\\lVert a - b\\rVert / \\tfrac12(\\lVert a\\rVert + \\lVert b\\rVert)` (0 when both are 0)."""
     scale = 0.5 * (a.norm() + b.norm())
     return float((a - b).norm() / scale) if scale > 0 else 0.0
+
+
+def class_separation(z: torch.Tensor, labels: Sequence[int]) -> float:
+    """The hardest pair decides: min of :func:`relative` over graphs ``a, b`` of different classes
+    (``z`` ``[B, classes]``, the logits of all the task's graphs)."""
+    return min(relative(z[a], z[b]) for a in range(len(labels)) for b in range(a + 1, len(labels))
+               if labels[a] != labels[b])
+
+
+def rotation_floor(z: torch.Tensor, z_rotated: torch.Tensor) -> float:
+    """max over rotations ``r`` and graphs ``g`` of ``relative(z_rotated[r, g], z[g])`` (``z_rotated`` ``[R, B, classes]``)."""
+    return max(relative(z_rotated[r, g], z[g]) for r in range(z_rotated.shape[0]) for g in range(z.shape[0]))
 
 
 def fit(

@@ -36,7 +36,7 @@ from torch import nn
 
 from ...so3 import random_rotation
 from .._cast import default_dtype
-from .protocol import relative as _relative
+from .protocol import class_separation, rotation_floor
 from .tasks import Task
 from .train import _as_batch, _logits
 
@@ -89,14 +89,14 @@ def separation(
             raise ValueError(f"model_factory() must return a torch.nn.Module, got {type(model).__name__}")
         model = model.to(torch.float64).eval()
         z = _logits(model, _as_batch(task.graphs, torch.float64), task.num_classes)  # [B, classes]
-        sep.append(min(_relative(z[a], z[b]) for a, b in pairs))
+        sep.append(class_separation(z, labels))
         if invariant:
             gen = torch.Generator().manual_seed(seed)
             Rs = random_rotation(rotations, dtype=torch.float64, generator=gen)  # [rotations, 3, 3]
             turned = [_rotated(g, R) for R in Rs for g in task.graphs]
             zr = _logits(model, _as_batch(turned, torch.float64), task.num_classes)  # [rotations * B, classes]
             zr = zr.view(rotations, len(task.graphs), -1)  # [rotations, B, classes]
-            floor.append(max(_relative(zr[r, g], z[g]) for r in range(rotations) for g in range(len(task.graphs))))
+            floor.append(rotation_floor(z, zr))
     return dict(
         per_seed=sep,
         max=max(sep),
