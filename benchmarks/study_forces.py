@@ -310,7 +310,39 @@ def tables(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> 
                          f"{sum(x <= bound for x in ratios)}/{len(ratios)} seeds within: "
                          f"{'met' if mean <= bound else 'not met'}.")
         out[f"forces-{molecule}-time"] = text
+    if any(REFERENCE in per_model for per_model in results.values()):
+        out["forces-overview"] = overview(results, clock=clock)
     return out
+
+
+def _mean_of_ratios(ratios: list[float]) -> str:
+    """``1.06 (0/3 lower)``: the mean of the per-seed ratios (nan dropped) and how many are below 1; empty for none."""
+    read = [x for x in ratios if not math.isnan(x)]
+    return f"{statistics.fmean(read):.2f} ({sum(x < 1 for x in read)}/{len(read)} lower)" if read else ""
+
+
+def overview(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> str:
+    r"""Every model against est's EquiformerV2 on every molecule, two columns per molecule:
+
+    * equal steps: :math:`\frac1n\sum_s F_{model,s} / F_{ref,s}`, the test force MAE ratio over the n paired seeds;
+    * equal time: the same mean of the validation force MAE ratios read off the learning curves at the shorter of
+      the two runs (:func:`equal_time`, ``clock`` seconds).
+
+    A molecule without an EquiformerV2 row has no columns; a model without runs on a molecule, empty cells."""
+    molecules = [m for m, per_model in results.items() if REFERENCE in per_model]
+    models = _order({model: [] for m in molecules for model in results[m]})
+    rows = []
+    for model in (m for m in models if m != REFERENCE):
+        row = {"model": LABELS.get(model, model)}
+        for molecule in molecules:
+            recs, ref = results[molecule].get(model, []), results[molecule][REFERENCE]
+            row[f"{molecule}: equal steps"] = _mean_of_ratios(paired(recs, ref, "forces_mae_meV_A")[0])
+            row[f"{molecule}: equal time"] = _mean_of_ratios([p["ratio"] for p in equal_time(recs, ref, clock=clock)])
+        rows.append(row)
+    cols = ["model"] + [f"{m}: {k}" for m in molecules for k in ("equal steps", "equal time")]
+    return markdown_table(rows, cols) + (
+        "\n\nForce MAE / est's EquiformerV2's (`update=\"ffn\"`), mean over paired seeds (how many seeds below 1): "
+        f"test set at equal steps; validation curves at equal time ({CLOCK_WORDS[clock]}).")
 
 
 def plot_curves(results: dict[str, dict[str, list[dict]]], plots: Path, *, clock: str = "cpu") -> list[Path]:

@@ -74,7 +74,7 @@ def test_tables_render_ratios_target_and_missing_models(sf):
         "mace": [record("mace", s, 5.0, curve(4.0, [12.0, 6.0, 5.0])) for s in (0, 1)],
     }}
     t = sf.tables(runs)
-    assert set(t) == {"forces-ethanol", "forces-ethanol-time"}
+    assert set(t) == {"forces-ethanol", "forces-ethanol-time", "forces-overview"}
     steps = t["forces-ethanol"].splitlines()
     assert steps[0].startswith("| model | params | seeds | energy (meV/atom) | forces (meV/A)")
     default = next(x for x in steps if "EST default" in x)
@@ -110,3 +110,28 @@ def test_step_cost_clock_uses_interleaved_costs_and_falls_back_for_mace(sf):
     steps = t["forces-ethanol"].splitlines()
     assert "| 1000 |" in next(x for x in steps if "EST default" in x)  # ms per step, interleaved
     assert "(own runs)" in next(x for x in steps if x.startswith("| MACE"))
+
+
+def test_overview_has_two_ratio_columns_per_molecule_with_a_reference(sf):
+    runs = {
+        "ethanol": {"est-ffn": [record("est-ffn", s, 10.0, curve(2.0, [30.0, 20.0, 10.0])) for s in (0, 1)],
+                    "est-default": [record("est-default", 0, 8.0, curve(1.0, [20.0, 10.0, 8.0])),
+                                    record("est-default", 1, 12.0, curve(1.0, [20.0, 10.0, 8.0]))],
+                    "mace": [record("mace", 0, 5.0, curve(4.0, [12.0, 6.0, 5.0]))]},
+        "malonaldehyde": {"est-ffn": [record("est-ffn", 0, 20.0, curve(2.0, [30.0, 20.0, 10.0]))],
+                          "est-default": [record("est-default", 0, 30.0, curve(1.0, [20.0, 10.0, 8.0]))]},
+        "aspirin": {"est-default": [record("est-default", 0, 30.0, curve(1.0, [20.0, 10.0, 8.0]))]},  # no reference
+    }
+    text = sf.tables(runs)["forces-overview"]
+    lines = text.splitlines()
+    assert lines[0] == ("| model | ethanol: equal steps | ethanol: equal time | malonaldehyde: equal steps | "
+                        "malonaldehyde: equal time |")
+    default = next(x for x in lines if "EST default" in x)
+    # equal steps: 8/10 and 12/10 -> mean 1.00, one seed lower; equal time 8/25 per seed (see the tables test)
+    assert default == "| est EST default (spherical Transformer only) | 1.00 (1/2 lower) | 0.32 (2/2 lower) | 1.50 (0/1 lower) | 0.32 (1/1 lower) |"
+    mace = next(x for x in lines if x.startswith("| MACE"))
+    # ethanol seed 0: 5/10 at equal steps; at 60 s MACE is at 9 meV/A (between 12 at 40 s and 6 at 80 s), est's
+    # EquiformerV2 at 10; no MACE run on malonaldehyde: empty cells
+    assert mace == "| MACE (L=2, 64 ch) | 0.50 (1/1 lower) | 0.90 (1/1 lower) |  |  |"
+    assert not any("EquiformerV2 (`update" in x for x in lines[2:])  # the reference has no row of its own
+    assert "forces-overview" not in sf.tables({"aspirin": runs["aspirin"]})
