@@ -43,9 +43,13 @@ each est model's optimisation step (``Trainer.train_step`` on the same
 batches, one thread) is timed round-robin with the others in one process
 (:func:`calibrate`, ``ROOT/<molecule>/step_costs.json``; median CPU seconds
 of 7 rounds after 2 warm-up), and a curve's time is steps x that cost. MACE
-runs in its own environment and cannot be interleaved: its cost is its own
-run's CPU seconds per step (wall seconds scaled by the run's CPU/wall ratio),
-so ratios to MACE at equal time carry the load of that run. ``--clock cpu``
+runs in its own environment and cannot be interleaved: right after the est
+models it is timed by a short ``run_train`` of the study's config on the first
+frames (:func:`mace_step_cost`: the median of MACE's own per-step times after
+warm-up, same batch size, one thread), so a quiet machine during
+``--calibrate`` makes its cost comparable; without that timing (no venv) its
+cost is its own run's CPU seconds per step, which carry that run's load.
+``--clock cpu``
 / ``wall`` use each run's own CPU / wall seconds instead. The learning-rate schedule
 follows the step budget, so a curve read before its end is mid-schedule: the
 faster model of a pair is compared at the end of its schedule.
@@ -140,7 +144,8 @@ MD_STATE = "md_state.json"
 TARGET = ("est-default", 0.90)
 #: --clock -> the curve key holding that clock's seconds ("step-cost": steps x the model's interleaved step cost)
 CLOCKS = {"step-cost": "cost_seconds", "cpu": "cpu_seconds", "wall": "seconds"}
-CLOCK_WORDS = {"step-cost": "steps x each model's step time, timed round-robin on one thread",
+CLOCK_WORDS = {"step-cost": "steps x each model's step time on one thread, the est models timed round-robin, "
+                            "MACE right after",
                "cpu": "each run's own CPU seconds", "wall": "each run's own wall seconds"}
 CURVE_KEY = "forces_mae_meV_A"
 
@@ -239,9 +244,9 @@ def equal_time(recs: list[dict], base: list[dict], *, clock: str = "cpu") -> lis
 
 
 def _step_ms(recs: list[dict]) -> str:
-    """Milliseconds per optimisation step: the interleaved step cost (one number per model), else (MACE, or
-    no data to time on) the mean of the runs' own CPU ms/step, marked ``own runs``."""
-    if recs[0].get("step_cost_source") == "interleaved":
+    """Milliseconds per optimisation step: the calibrated step cost (one number per model), else (no venv
+    or no data to time on) the mean of the runs' own CPU ms/step, marked ``own runs``."""
+    if recs[0].get("step_cost_source", "own run") != "own run":
         return f"{1000.0 * recs[0]['step_cost_s']:.0f}"
     return mean_sd([r["cpu_ms_per_step"] for r in recs]) + " (own runs)"
 
@@ -572,31 +577,58 @@ def calibrate(molecule: str, models: list[str], data_dir: Path, budget: Budget, 
     return {m: {k: statistics.median(v) for k, v in t.items()} | {"rounds": rounds} for m, t in times.items()}
 
 
+def mace_step_cost(molecule: str, data_dir: Path, root: Path, budget: Budget, *, dtype: str = "float64",
+                   steps: int = 12, warmup: int = 3) -> dict[str, Any]:
+    """``{"cpu_s", "wall_s", "steps", "source"}``: seconds of one MACE optimisation step on one thread, the
+    median of MACE's own per-step times (its results file) over ``steps`` steps after ``warmup``, from one
+    epoch of ``run_train`` with the study's config and batch size on the first ``(warmup + steps) x batch``
+    training frames, in a temporary folder (the study's runs are not touched). On one thread the step's
+    wall time is its CPU time."""
+    import tempfile
+
+    files = mace_files(data_dir, molecule, root, budget)
+    with tempfile.TemporaryDirectory() as tmp:
+        sub = Path(tmp) / "train.xyz"
+        mb.export_xyz(molecule_dir(data_dir, molecule) / "train", sub, limit=(warmup + steps) * budget.batch_size)
+        cfg = mb.MaceTrainConfig(seed=0, epochs=1, threads=1, batch_size=budget.batch_size, default_dtype=dtype)
+        mb.train(cfg, train_xyz=str(sub), test_xyz=None, valid_xyz=files["valid"], run_dir=str(Path(tmp) / "mace"))
+        times = [t for epoch in mb.epoch_step_times(Path(tmp) / "mace").values() for t in epoch][warmup:]
+    if len(times) < steps:
+        raise RuntimeError(f"MACE logged {len(times) + warmup} step times, {warmup + steps} expected")
+    t = statistics.median(times)
+    return {"cpu_s": t, "wall_s": t, "steps": len(times), "source": f"MACE run_train, {dtype}, median of {len(times)} steps"}
+
+
 def step_costs(root: Path, molecule: str, models: list[str], data_dir: Path, budget: Budget, *,
-               fresh: bool = False) -> dict[str, dict[str, float]]:
-    """The stored step costs of ``ROOT/<molecule>/step_costs.json``, calibrated (all models together, so
-    they stay comparable) when one of ``models`` is missing or ``fresh``."""
+               fresh: bool = False, mace_dtype: str = "float64") -> dict[str, dict[str, float]]:
+    """The stored step costs of ``ROOT/<molecule>/step_costs.json``, calibrated (the est models together,
+    round-robin, then MACE, so they stay comparable) when one of ``models`` is missing or ``fresh``."""
     path = Path(root) / molecule / "step_costs.json"
     stored = json.loads(path.read_text()) if path.exists() else {}
     wanted = sorted(set(models) | set(stored))
     if fresh or any(m not in stored for m in models):
         from est.data.cache import atomic_json
 
-        print(f"[forces] {molecule}: timing one training step of {', '.join(wanted)} round-robin", flush=True)
-        stored = calibrate(molecule, wanted, data_dir, budget)
+        est_models = [m for m in wanted if m != MACE]
+        print(f"[forces] {molecule}: timing one training step of {', '.join(est_models)} round-robin"
+              + (", then MACE's" if MACE in wanted else ""), flush=True)
+        stored = calibrate(molecule, est_models, data_dir, budget)
+        if MACE in wanted and mb.available():
+            stored[MACE] = mace_step_cost(molecule, data_dir, root, budget, dtype=mace_dtype)
         atomic_json(str(path), stored)
     return stored
 
 
 def with_step_cost_clock(results: dict[str, dict[str, list[dict]]], costs: dict[str, dict[str, dict]]) -> None:
-    """Add ``cost_seconds`` (steps x seconds per step) to every curve point, in place: an est model's
-    interleaved CPU cost from ``costs[molecule][model]``, else (MACE) its run's own CPU seconds per step."""
+    """Add ``cost_seconds`` (steps x seconds per step) to every curve point, in place: the calibrated cost
+    ``costs[molecule][model]`` (est models: interleaved; MACE: :func:`mace_step_cost`), else the run's own CPU
+    seconds per step."""
     for molecule, per_model in results.items():
         for model, recs in per_model.items():
             for r in recs:
                 cal = costs.get(molecule, {}).get(model)
                 r["step_cost_s"] = cal["cpu_s"] if cal else r.get("cpu_ms_per_step", math.nan) / 1000.0
-                r["step_cost_source"] = "interleaved" if cal else "own run"
+                r["step_cost_source"] = cal.get("source", "interleaved") if cal else "own run"
                 for p in r.get("curve") or []:
                     p["cost_seconds"] = p["step"] * r["step_cost_s"]
 
@@ -758,10 +790,11 @@ def main(argv=None) -> int:
                                     and old.get("mace_dtype") == args.mace_dtype)
     costs = {}
     for molecule, per_model in results.items():
-        est_models = [m for m in per_model if m != MACE]
-        if est_models and not args.quick:
+        timed = [m for m in per_model if m != MACE or mb.available()]  # MACE is timed in its venv
+        if any(m != MACE for m in timed) and not args.quick:
             try:
-                costs[molecule] = step_costs(root, molecule, est_models, data_dir, budget, fresh=args.calibrate)
+                costs[molecule] = step_costs(root, molecule, timed, data_dir, budget, fresh=args.calibrate,
+                                             mace_dtype=args.mace_dtype)
             except FileNotFoundError as exc:  # no data here: each run's own CPU seconds per step
                 print(f"[forces] {molecule}: no step costs ({exc})", flush=True)
     with_step_cost_clock(results, costs)

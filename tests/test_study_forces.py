@@ -110,6 +110,13 @@ def test_step_cost_clock_uses_interleaved_costs_and_falls_back_for_mace(sf):
     steps = t["forces-ethanol"].splitlines()
     assert "| 1000 |" in next(x for x in steps if "EST default" in x)  # ms per step, interleaved
     assert "(own runs)" in next(x for x in steps if x.startswith("| MACE"))
+    # MACE timed by mace_step_cost right after the est models: its curve on the same clock
+    runs["ethanol"]["mace"][0]["curve"] = curve(4.0, [12.0, 6.0, 5.0])
+    sf.with_step_cost_clock(runs, {"ethanol": {"est-ffn": {"cpu_s": 2.0}, "est-default": {"cpu_s": 1.0},
+                                               "mace": {"cpu_s": 3.0, "source": "MACE run_train"}}})
+    assert mace["step_cost_source"] == "MACE run_train" and [p["cost_seconds"] for p in mace["curve"]] == [30.0, 60.0, 90.0]
+    assert "| 3000 |" in next(x for x in sf.tables(runs, clock="step-cost")["forces-ethanol"].splitlines()
+                              if x.startswith("| MACE"))
 
 
 def test_overview_has_two_ratio_columns_per_molecule_with_a_reference(sf):

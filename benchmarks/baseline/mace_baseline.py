@@ -417,6 +417,11 @@ def _epochs(run_dir: str | os.PathLike) -> Dict[int, Dict[str, Any]]:
     return dict(sorted(epochs.items()))
 
 
+def epoch_step_times(run_dir: str | os.PathLike) -> Dict[int, List[float]]:
+    """MACE's wall seconds of each optimiser step, by epoch (resumed epochs folded in as in :func:`_epochs`)."""
+    return {e: v["opt"] for e, v in _epochs(run_dir).items() if v["opt"]}
+
+
 def epoch_timing(run_dir: str | os.PathLike) -> Dict[str, Any]:
     """Optimiser seconds per epoch (the sum of MACE's per-step wall ``time``) and steps per epoch."""
     secs = [sum(v["opt"]) for v in _epochs(run_dir).values() if v["opt"]]
