@@ -609,11 +609,11 @@ def step_costs(root: Path, molecule: str, models: list[str], data_dir: Path, bud
     if fresh or any(m not in stored for m in models):
         from est.data.cache import atomic_json
 
-        est_models = [m for m in wanted if m != MACE]
+        est_models, time_mace = [m for m in wanted if m != MACE], MACE in wanted and mb.available()
         print(f"[forces] {molecule}: timing one training step of {', '.join(est_models)} round-robin"
-              + (", then MACE's" if MACE in wanted else ""), flush=True)
+              + (", then MACE's" if time_mace else ""), flush=True)
         stored = calibrate(molecule, est_models, data_dir, budget)
-        if MACE in wanted and mb.available():
+        if time_mace:
             stored[MACE] = mace_step_cost(molecule, data_dir, root, budget, dtype=mace_dtype)
         atomic_json(str(path), stored)
     return stored
