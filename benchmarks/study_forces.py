@@ -257,7 +257,12 @@ def _ratios(ratios: list[float]) -> str:
         return "-"
     shown = " ".join("n/a" if math.isnan(x) else f"{x:.2f}" for x in ratios)
     read = [x for x in ratios if not math.isnan(x)]
-    return f"{shown} ({sum(x < 1 for x in read)}/{len(read)} lower)" if read else shown
+    return f"{shown} {_lower(read)}" if read else shown
+
+
+def _lower(read: list[float]) -> str:
+    """``(2/3 lower)``: how many of the (read, not nan) ratios are below 1."""
+    return f"({sum(x < 1 for x in read)}/{len(read)} lower)"
 
 
 # ------------------------------------------------------------------ tables and plots (pure)
@@ -323,7 +328,7 @@ def tables(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> 
 def _mean_of_ratios(ratios: list[float]) -> str:
     """``1.06 (0/3 lower)``: the mean of the per-seed ratios (nan dropped) and how many are below 1; empty for none."""
     read = [x for x in ratios if not math.isnan(x)]
-    return f"{statistics.fmean(read):.2f} ({sum(x < 1 for x in read)}/{len(read)} lower)" if read else ""
+    return f"{statistics.fmean(read):.2f} {_lower(read)}" if read else ""
 
 
 def overview(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> str:
