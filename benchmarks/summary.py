@@ -23,8 +23,8 @@ gives the blocks ``expressivity-rotsym``, ``-kchain`` and ``-counterexample`` (w
 ``-counterexample-separation``), ``expressivity_lr1e-3.json`` (``--lr 1e-3 --tasks
 counterexample``) the block ``expressivity-lr1e-3-counterexample``; ``forces.json``
 (``study_forces.py``) the blocks ``forces-<molecule>`` and ``forces-<molecule>-time``;
-``torch_sim.json`` (``bench_torch_sim.py``) the block ``torch-sim``; ``trained_grid.json`` and
-``trained_grid_coarse.json`` (``bench_trained_grid.py``) the blocks ``trained-grid`` and ``trained-grid-coarse``.
+``torch_sim.json`` (``bench_torch_sim.py``) the block ``torch-sim``; every ``trained_grid*.json``
+(``bench_trained_grid.py --out trained_grid...``) the block of its name with dashes, e.g. ``trained-grid-coarse``.
 
     python benchmarks/summary.py [--docs] [--no-plots]
 """
@@ -235,12 +235,12 @@ def main(argv=None) -> int:
         sections += ["", f"## {name} (`{script}`)"] + [f"\n{t}" for t in tables]
         if name == "torch_sim":  # docs/results.md block torch-sim
             blocks["torch-sim"] = "\n\n".join(tables)
-    for name in ("trained_grid", "trained_grid_coarse"):  # docs/results.md blocks trained-grid, trained-grid-coarse
+    for name in sorted(f.stem for f in RESULTS.glob("trained_grid*.json")):  # docs/results.md blocks trained-grid*
         grid = load(name)
         if not grid:
             continue
         rows = [dict(model=Path(r["checkpoint"]).name, design="as trained" if r["degree"] == "trained" else r["degree"],
-                     points=r["points"], **{"test forces (meV/A)": f"{r['force_mae_meV_A']:.2f}",
+                     points=r["points"] or "-", **{"test forces (meV/A)": f"{r['force_mae_meV_A']:.2f}",
                                             "change vs trained (meV/A)": f"{r['change_meV_A']:.2g}",
                                             "rotation error": f"{r['rotation_error']:.1e}",
                                             "time / trained": f"{r['time_vs_trained']:.2f}"}) for r in grid["rows"]]

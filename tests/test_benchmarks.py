@@ -257,3 +257,14 @@ def test_mace_expressivity_separation_in_its_venv(monkeypatch_module):
     assert min(two["per_seed"]) > 1e-2 and max(two["floor_per_seed"]) < 2e-13  # ~10x the measured floor
     chiral = study.cell_separation(dict(cell, params=dict(body=4, chiral=True)), 8, seeds=1)
     assert max(chiral["per_seed"]) < 1e-12
+
+
+def test_trained_grid_variants_name_designs_and_message_grids(monkeypatch_module):
+    """bench_trained_grid.py: the trained model first, then designs by degree, then message grids; a bad grid by name."""
+    monkeypatch_module.syspath_prepend(str(BENCH))
+    bench = importlib.import_module("bench_trained_grid")
+    assert bench.variants([20], ["18x18", "24X12"]) == [
+        ("trained", None), (20, {"est": {"grid": {"degree": 20}}}),
+        ("messages 18x18", {"grid_resolution": [18, 18]}), ("messages 24x12", {"grid_resolution": [24, 12]})]
+    with pytest.raises(SystemExit, match="'18' is not LATxLON"):
+        bench.variants([], ["18"])
