@@ -1,4 +1,4 @@
-"""A trained EST model on finer spherical designs: same weights, accuracy, rotation error and cost.
+"""A trained est model on finer spherical designs or message grids: same weights, accuracy, rotation error and cost.
 
 The EST default's weights act on irreps coefficients, so a checkpoint can be
 evaluated on any spherical design (``est.train.load_trained_model(...,
@@ -21,7 +21,7 @@ message grid) this prints, side by side with the trained model in the same run:
 
     python benchmarks/bench_trained_grid.py --checkpoint runs/forces/ethanol/est-default-s0 \\
         --data /work/data/xtb/ethanol/test --degrees 20 24
-    python benchmarks/bench_trained_grid.py --checkpoint runs/forces/aspirin/est-ffn-s0 \
+    python benchmarks/bench_trained_grid.py --checkpoint runs/forces/aspirin/est-ffn-s0 \\
         --data /work/data/xtb/aspirin/test --degrees --message-grids 18x18 --out trained_grid_messages
 
 Results: ``benchmarks/results/trained_grid.json`` (``--out``).
