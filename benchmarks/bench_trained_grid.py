@@ -70,7 +70,7 @@ def evaluate(checkpoint: str, overrides: dict | None, frames: list, batch_size: 
 
 def points(model) -> int | None:
     """Points of the EST block's spherical design; None for a model without one (``update="ffn"``)."""
-    spherical = getattr(model.backbone.update_blocks[0], "spherical", None)
+    spherical = model.backbone.update_blocks[0].spherical  # every update block is an ESTBlock; None without the sphere
     return None if spherical is None else spherical.sft.num_points
 
 
