@@ -607,9 +607,12 @@ def mace_step_cost(molecule: str, data_dir: Path, root: Path, budget: Budget, *,
 def step_costs(root: Path, molecule: str, models: list[str], data_dir: Path, budget: Budget, *,
                fresh: bool = False, mace_dtype: str = "float64") -> dict[str, dict[str, float]]:
     """The stored step costs of ``ROOT/<molecule>/step_costs.json``, calibrated (the est models together,
-    round-robin, then MACE, so they stay comparable) when one of ``models`` is missing or ``fresh``."""
+    round-robin, then MACE, so they stay comparable) when one of ``models`` is missing or ``fresh``. A root
+    without the file (a fresh clone, another machine) starts from the costs recorded in
+    ``benchmarks/results/forces.json`` (``step_costs``), so ``--tables-only`` there reproduces the committed
+    tables instead of re-timing the runs on a machine they never ran on."""
     path = Path(root) / molecule / "step_costs.json"
-    stored = json.loads(path.read_text()) if path.exists() else {}
+    stored = json.loads(path.read_text()) if path.exists() else recorded_step_costs(molecule)
     wanted = sorted(set(models) | set(stored))
     if fresh or any(m not in stored for m in models):
         from est.data.cache import atomic_json
@@ -622,6 +625,14 @@ def step_costs(root: Path, molecule: str, models: list[str], data_dir: Path, bud
             stored[MACE] = mace_step_cost(molecule, data_dir, root, budget, dtype=mace_dtype)
         atomic_json(str(path), stored)
     return stored
+
+
+def recorded_step_costs(molecule: str) -> dict[str, dict[str, Any]]:
+    """``{model: {"cpu_s", ...}}`` of ``molecule`` from the ``step_costs`` of the committed
+    ``benchmarks/results/forces.json``; empty when there is none."""
+    path = common.RESULTS / "forces.json"
+    recorded = json.loads(path.read_text()).get("step_costs", {}) if path.exists() else {}
+    return dict(recorded.get(molecule, {}))
 
 
 def with_step_cost_clock(results: dict[str, dict[str, list[dict]]], costs: dict[str, dict[str, dict]]) -> None:
@@ -814,7 +825,7 @@ def main(argv=None) -> int:
     plots = plot_curves(results, (root if args.quick else common.RESULTS) / "plots", clock=args.clock)
     payload = dict(description=__doc__.split("\n\n")[0], shape=SHAPE, models=MODELS, budget=asdict(budget),
                    seeds=sorted({r["seed"] for ms in results.values() for recs in ms.values() for r in recs}), clock=args.clock, data_dir=str(data_dir), mace_dtype=args.mace_dtype,
-                   wall_s=time.perf_counter() - t0, runs=results, tables=text)
+                   wall_s=time.perf_counter() - t0, runs=results, step_costs=costs, tables=text)
     manifest = data_dir / "manifest.json"
     if manifest.exists():
         payload["data_manifest"] = json.loads(manifest.read_text())

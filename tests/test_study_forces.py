@@ -142,3 +142,25 @@ def test_overview_has_two_ratio_columns_per_molecule_with_a_reference(sf):
     assert mace == "| MACE (L=2, 64 ch) | 0.50 (1/1 lower) | 0.90 (1/1 lower) |  |  |"
     assert not any("EquiformerV2 (`update" in x for x in lines[2:])  # the reference has no row of its own
     assert "forces-overview" not in sf.tables({"aspirin": runs["aspirin"]})
+
+
+def test_fresh_root_takes_the_recorded_step_costs_without_timing(sf, monkeypatch, tmp_path):
+    """A clone without ``runs/forces`` must not re-time the committed runs on its own machine (the equal-time
+    tables would then move with the machine): the costs recorded in forces.json are used; a model they lack
+    is still calibrated."""
+    import json
+
+    common = sys.modules["common"]
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    recorded = {"aspirin": {"est-ffn": {"cpu_s": 2.0}, "mace": {"cpu_s": 3.0, "source": "MACE run_train"}}}
+    (tmp_path / "forces.json").write_text(json.dumps({"runs": {}, "step_costs": recorded}))
+    timed = []
+    monkeypatch.setattr(sf, "calibrate", lambda molecule, models, *a, **k: timed.append(models) or
+                        {m: {"cpu_s": 9.0} for m in models})
+    monkeypatch.setattr(sf.mb, "available", lambda: False)  # MACE not re-timed here
+    root = tmp_path / "root"
+    assert sf.step_costs(root, "aspirin", ["est-ffn"], tmp_path, sf.FULL) == recorded["aspirin"]
+    assert timed == [] and not (root / "aspirin" / "step_costs.json").exists()
+    assert sf.recorded_step_costs("ethanol") == {}
+    costs = sf.step_costs(root, "aspirin", ["est-ffn", "est-default"], tmp_path, sf.FULL)
+    assert timed == [["est-default", "est-ffn"]] and costs["est-default"]["cpu_s"] == 9.0
