@@ -63,7 +63,7 @@ LABELS = {"fairchem": "fairchem EquiformerV2", "est-ffn": "est EquiformerV2 (`up
           "est-t8": "previous default, ST on t=8 (S=36)", "est-t12": "previous default, ST on t=12 (S=86)",
           "est-default-t8": "EST default, uncapped, on t=8 (S=36; the L=2 default before t >= 16)",
           "est-default-t12": "EST default, uncapped, on t=12 (S=86)",
-          "est-uncapped": EST_UNCAPPED_LABEL,
+          "est-uncapped": EST_UNCAPPED_LABEL, "est-t14": "EST default on a degree-14 design (S=114)",
           "est-ffn-eqv2init": "est-ffn + EquiformerV2 init", "est-ffn-strict": "est-ffn + strict max_neighbors",
           "est-ffn-roll": "est-ffn + random edge roll", "est-ffn-fairchem": "est-ffn + all three",
           "est-ffn-twin": "est-ffn + all three, from fairchem's initial weights",
