@@ -24,11 +24,14 @@ message grid) this prints, side by side with the trained model in the same run:
     python benchmarks/bench_trained_grid.py --checkpoint runs/forces/aspirin/est-ffn-s0 \\
         --data /work/data/xtb/aspirin/test --degrees --message-grids 18x18 --out trained_grid_messages
 
-Results: ``benchmarks/results/trained_grid.json`` (``--out``).
+Results: ``benchmarks/results/trained_grid.json`` (``--out``). Rows of other checkpoints already stored
+there, measured on the same data and number of frames, are kept (a later seed's checkpoints add to the
+table); a checkpoint measured again replaces its rows.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -36,7 +39,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import median_time, print_table, save, trained_rotation_error  # noqa: E402
+from common import RESULTS, median_time, print_table, save, trained_rotation_error  # noqa: E402
 
 
 def variants(degrees: list[int], message_grids: list[str]) -> list[tuple[str | int, dict | None]]:
@@ -72,6 +75,17 @@ def points(model) -> int | None:
     """Points of the EST block's spherical design; None for a model without one (``update="ffn"``)."""
     spherical = model.backbone.update_blocks[0].spherical  # every update block is an ESTBlock; None without the sphere
     return None if spherical is None else spherical.sft.num_points
+
+
+def merged_rows(out: str, rows: list[dict], *, data: str, frames: int) -> list[dict]:
+    """The stored rows of ``results/<out>.json`` whose checkpoint is not in ``rows``, then ``rows``; only
+    rows measured on the same ``data`` and number of ``frames`` are kept."""
+    path = RESULTS / f"{out}.json"
+    stored = json.loads(path.read_text()) if path.exists() else {}
+    if stored.get("data") != data or stored.get("frames") != frames:
+        return rows
+    new = {r["checkpoint"] for r in rows}
+    return [r for r in stored.get("rows", []) if r["checkpoint"] not in new] + rows
 
 
 def main(argv=None) -> int:
@@ -116,6 +130,7 @@ def main(argv=None) -> int:
                 times[d].append(median_time(lambda: model(batch)["forces"], repeats=1, warmup=1))  # noqa: B023
         for row, d in zip(rows[-len(models):], models):
             row["time_vs_trained"] = statistics.median(times[d]) / statistics.median(times["trained"])
+    rows = merged_rows(args.out, rows, data=args.data, frames=len(frames))
     text = print_table(rows, ["checkpoint", "degree", "points", "force_mae_meV_A", "change_meV_A", "rotation_error",
                               "time_vs_trained"], "trained model on finer designs and message grids")
     path = save(args.out, dict(description=__doc__.split("\n\n")[0], data=args.data, frames=len(frames), rows=rows,

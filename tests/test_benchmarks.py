@@ -268,3 +268,20 @@ def test_trained_grid_variants_name_designs_and_message_grids(monkeypatch_module
         ("messages 18x18", {"grid_resolution": [18, 18]}), ("messages 24x12", {"grid_resolution": [24, 12]})]
     with pytest.raises(SystemExit, match="'18' is not LATxLON"):
         bench.variants([], ["18"])
+
+
+def test_trained_grid_rows_of_other_checkpoints_are_kept(monkeypatch_module, monkeypatch, tmp_path):
+    """A later seed's checkpoints add to a trained-grid table; the same checkpoint replaces its rows; rows
+    measured on other data or frames are not mixed in."""
+    import json
+
+    monkeypatch_module.syspath_prepend(str(BENCH))
+    bench = importlib.import_module("bench_trained_grid")
+    monkeypatch.setattr(bench, "RESULTS", tmp_path)
+    stored = [{"checkpoint": "s0", "v": 1}, {"checkpoint": "s1", "v": 2}]
+    (tmp_path / "tg.json").write_text(json.dumps({"data": "d", "frames": 100, "rows": stored}))
+    new = [{"checkpoint": "s1", "v": 3}, {"checkpoint": "s2", "v": 4}]
+    assert [r["v"] for r in bench.merged_rows("tg", new, data="d", frames=100)] == [1, 3, 4]
+    assert bench.merged_rows("tg", new, data="d", frames=50) == new
+    assert bench.merged_rows("tg", new, data="other", frames=100) == new
+    assert bench.merged_rows("absent", new, data="d", frames=100) == new
