@@ -41,8 +41,10 @@ different load on a shared machine (CPU seconds per step of one run moved by
 1.5x with the number of other jobs), so the default clock is the **step cost**:
 each est model's optimisation step (``Trainer.train_step`` on the same
 batches, one thread) is timed round-robin with the others in one process
-(:func:`calibrate`, ``ROOT/<molecule>/step_costs.json``; median CPU seconds
-of 7 rounds after 2 warm-up), and a curve's time is steps x that cost. MACE
+(:func:`calibrate`, ``ROOT/<molecule>/step_costs.json``, also recorded in
+``forces.json`` as ``step_costs``, which a root without the file starts from;
+median CPU seconds of 7 rounds after 2 warm-up), and a curve's time is steps
+x that cost. MACE
 runs in its own environment and cannot be interleaved: right after the est
 models it is timed by a short ``run_train`` of the study's config on the first
 frames (:func:`mace_step_cost`: the median of MACE's own per-step times after
