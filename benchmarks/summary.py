@@ -75,6 +75,16 @@ def load(name: str) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+#: ablations that change one thing of another model (besides est-ffn-*, on est-ffn): their row gets the
+#: per-seed ratio to it
+REFERENCE_OF = {"est-uncapped": "est-default", "est-t14": "est-default"}
+
+
+def reference_of(model: str) -> str | None:
+    """The model an ablation changes one thing of, or None."""
+    return REFERENCE_OF.get(model) or ("est-ffn" if model.startswith("est-ffn-") else None)
+
+
 def ablation_order(per_model: dict[str, Any]) -> list[str]:
     """The models outside :data:`MAIN` in :data:`LABELS` order (one factor at a time before the combinations), then the rest."""
     known = list(LABELS)
@@ -104,12 +114,12 @@ def accuracy_tables(acc: dict[str, Any]) -> dict[str, str]:
                     if ratios:
                         row[f"{PRIMARY[data]} / fairchem (per seed)"] = (
                             " ".join(f"{x:.2f}" for x in ratios) + (f" ({wins}/{len(ratios)} lower)" if model != "fairchem" else ""))
-                if kind == "ablation" and model.startswith("est-ffn-") and "est-ffn" in per_model:
-                    # one training-side factor on top of est-ffn: its effect, paired by seed
-                    ratios, wins = paired(recs, per_model["est-ffn"], PRIMARY[data])
+                ref = reference_of(model) if kind == "ablation" else None
+                if ref in per_model:  # one factor on top of ref: its effect, paired by seed
+                    ratios, wins = paired(recs, per_model[ref], PRIMARY[data])
                     if ratios:
-                        row["/ est-ffn (per seed; mean)"] = (" ".join(f"{x:.3f}" for x in ratios)
-                                                             + f"; {statistics.fmean(ratios):.3f} ({wins}/{len(ratios)} lower)")
+                        row[f"/ {ref} (per seed; mean)"] = (" ".join(f"{x:.3f}" for x in ratios)
+                                                            + f"; {statistics.fmean(ratios):.3f} ({wins}/{len(ratios)} lower)")
                 rows.append(row)
             if kind == "accuracy":
                 mp = per_model[names[0]][0]["metrics"]

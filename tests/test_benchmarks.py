@@ -74,6 +74,7 @@ def test_accuracy_tables_pair_seeds_and_ratios(bench_modules):
         "fairchem": [_rec("fairchem", 0, 100.0, 200.0, 1e-6), _rec("fairchem", 1, 120.0, 200.0, 2e-6)],
         "est-default": [_rec("est-default", 1, 60.0, 100.0, 1e-8), _rec("est-default", 0, 110.0, 100.0, 1e-8)],
         "est-t4": [_rec("est-t4", 0, 90.0)],
+        "est-t14": [_rec("est-t14", 1, 66.0), _rec("est-t14", 0, 99.0)],
     }}
     t = summary.accuracy_tables({"runs": runs})
     main = t["accuracy-qm9"]
@@ -83,6 +84,9 @@ def test_accuracy_tables_pair_seeds_and_ratios(bench_modules):
     assert "85 ± 35" in main  # mean ± sd of 60 and 110
     assert "mean predictor" in main and "1000" in main
     assert "previous default, ST on t=4 (S=12)" in t["ablation-qm9"]
+    # an ablation of one factor of the default: paired with the default's 3 seeds, not its seed-0 row
+    t14 = next(x for x in t["ablation-qm9"].splitlines() if "degree-14" in x)
+    assert "| 1.100 0.900; 1.000 (1/2 lower) |" in t14  # seed 1: 66 / 60, seed 0: 99 / 110
     assert "| 0.005 |" in t["accuracy-equivariance"]  # est 1e-8 / fairchem 2e-6
     only_ablations = summary.accuracy_tables({"runs": {"qm9": {"est-t4": runs["qm9"]["est-t4"]}}})
     assert "accuracy-qm9" not in only_ablations  # a run of ablation models alone renders without the main table
