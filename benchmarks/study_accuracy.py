@@ -228,6 +228,13 @@ def tables(results: dict[str, dict[str, list[dict]]]) -> dict[str, str]:
     return text
 
 
+def fairchem_version(name: str) -> str | None:
+    """fairchem-core's version here, else the one recorded in ``results/<name>.json`` (whose fairchem runs a
+    merge without the baseline venv keeps)."""
+    path = common.RESULTS / f"{name}.json"
+    return fe.fairchem_version() or (json.loads(path.read_text()).get("fairchem") if path.exists() else None)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", nargs="+", default=list(DATASETS), choices=list(DATASETS))
@@ -272,7 +279,7 @@ def main(argv=None) -> int:
     if saving:
         seeds = sorted({r["seed"] for models in results.values() for recs in models.values() for r in recs})
         path = save(args.save_as, dict(description=__doc__.split("\n\n")[0], datasets=DATASETS, models=MODELS,
-                                     seeds=seeds, wall_s=time.perf_counter() - t0, fairchem=fe.fairchem_version(),
+                                     seeds=seeds, wall_s=time.perf_counter() - t0, fairchem=fairchem_version(args.save_as),
                                      overrides=args.override, runs=results, tables=text))
         print(f"[accuracy] wrote {path}")
     return 0
