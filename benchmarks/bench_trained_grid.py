@@ -31,7 +31,6 @@ table); a checkpoint measured again replaces its rows.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -39,7 +38,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, median_time, print_table, save, trained_rotation_error  # noqa: E402
+from common import load, median_time, print_table, save, trained_rotation_error  # noqa: E402
 
 
 def variants(degrees: list[int], message_grids: list[str]) -> list[tuple[str | int, dict | None]]:
@@ -80,8 +79,7 @@ def points(model) -> int | None:
 def merged_rows(out: str, rows: list[dict], *, data: str, frames: int) -> list[dict]:
     """The stored rows of ``results/<out>.json`` whose checkpoint is not in ``rows``, then ``rows``; only
     rows measured on the same ``data`` and number of ``frames`` are kept."""
-    path = RESULTS / f"{out}.json"
-    stored = json.loads(path.read_text()) if path.exists() else {}
+    stored = load(out) or {}
     if stored.get("data") != data or stored.get("frames") != frames:
         return rows
     new = {r["checkpoint"] for r in rows}

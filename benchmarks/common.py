@@ -79,6 +79,12 @@ def paired(recs: list[dict], base: list[dict], key: str) -> tuple[list[float], i
     return ratios, sum(x < 1 for x in ratios)
 
 
+def load(name: str) -> dict | None:
+    """``benchmarks/results/<name>.json``, or None when it does not exist."""
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def save(name: str, payload: dict) -> Path:
     """Write ``benchmarks/results/<name>.json`` with machine facts."""
     RESULTS.mkdir(exist_ok=True)
@@ -100,8 +106,7 @@ def merge_runs(name: str, runs: dict[str, dict[str, list[dict]]], *, compatible)
     in ``benchmarks/results/<name>.json``, so that a call with a subset of the models or seeds does not drop
     the others: a stored (group, model, seed) this call did not produce is kept, one it did produce is
     replaced. Nothing is kept unless ``compatible(stored_payload)`` (same options and budget)."""
-    path = RESULTS / f"{name}.json"
-    stored = json.loads(path.read_text()) if path.exists() else {}
+    stored = load(name) or {}
     if not stored or not compatible(stored):
         return runs
     merged = {g: {m: list(recs) for m, recs in models.items()} for g, models in stored.get("runs", {}).items()}

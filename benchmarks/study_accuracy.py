@@ -231,8 +231,7 @@ def tables(results: dict[str, dict[str, list[dict]]]) -> dict[str, str]:
 def fairchem_version(name: str) -> str | None:
     """fairchem-core's version here, else the one recorded in ``results/<name>.json`` (whose fairchem runs a
     merge without the baseline venv keeps)."""
-    path = common.RESULTS / f"{name}.json"
-    return fe.fairchem_version() or (json.loads(path.read_text()).get("fairchem") if path.exists() else None)
+    return fe.fairchem_version() or (common.load(name) or {}).get("fairchem")
 
 
 def main(argv=None) -> int:

@@ -632,9 +632,7 @@ def step_costs(root: Path, molecule: str, models: list[str], data_dir: Path, bud
 def recorded_step_costs(molecule: str) -> dict[str, dict[str, Any]]:
     """``{model: {"cpu_s", ...}}`` of ``molecule`` from the ``step_costs`` of the committed
     ``benchmarks/results/forces.json``; empty when there is none."""
-    path = common.RESULTS / "forces.json"
-    recorded = json.loads(path.read_text()).get("step_costs", {}) if path.exists() else {}
-    return dict(recorded.get(molecule, {}))
+    return dict((common.load("forces") or {}).get("step_costs", {}).get(molecule, {}))
 
 
 def with_step_cost_clock(results: dict[str, dict[str, list[dict]]], costs: dict[str, dict[str, dict]]) -> None:

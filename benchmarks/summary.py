@@ -31,14 +31,13 @@ counterexample``) the block ``expressivity-lr1e-3-counterexample``; ``forces.jso
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
-from common import EST_UNCAPPED_LABEL, markdown_table, mean_sd, paired
+from common import EST_UNCAPPED_LABEL, load, markdown_table, mean_sd, paired
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -68,11 +67,6 @@ LABELS = {"fairchem": "fairchem EquiformerV2", "est-ffn": "est EquiformerV2 (`up
           "est-ffn-roll": "est-ffn + random edge roll", "est-ffn-fairchem": "est-ffn + all three",
           "est-ffn-twin": "est-ffn + all three, from fairchem's initial weights",
           "fairchem-redraw": "fairchem, another initial draw (the seed's data order)"}
-
-
-def load(name: str) -> dict[str, Any] | None:
-    path = RESULTS / f"{name}.json"
-    return json.loads(path.read_text()) if path.exists() else None
 
 
 #: ablations that change one thing of another model (besides est-ffn-*, on est-ffn): their row gets the

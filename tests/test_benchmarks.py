@@ -281,7 +281,7 @@ def test_trained_grid_rows_of_other_checkpoints_are_kept(monkeypatch_module, mon
 
     monkeypatch_module.syspath_prepend(str(BENCH))
     bench = importlib.import_module("bench_trained_grid")
-    monkeypatch.setattr(bench, "RESULTS", tmp_path)
+    monkeypatch.setattr(importlib.import_module("common"), "RESULTS", tmp_path)
     stored = [{"checkpoint": "s0", "v": 1}, {"checkpoint": "s1", "v": 2}]
     (tmp_path / "tg.json").write_text(json.dumps({"data": "d", "frames": 100, "rows": stored}))
     new = [{"checkpoint": "s1", "v": 3}, {"checkpoint": "s2", "v": 4}]
