@@ -54,7 +54,13 @@ cost is its own run's CPU seconds per step, which carry that run's load.
 ``--clock cpu``
 / ``wall`` use each run's own CPU / wall seconds instead. The learning-rate schedule
 follows the step budget, so a curve read before its end is mid-schedule: the
-faster model of a pair is compared at the end of its schedule.
+faster model of a pair is compared at the end of its schedule. A
+``<model>@time`` run (``--models est-default@time``) removes that asymmetry:
+``<model>`` trained for the steps that cost what est-ffn's 1,500 cost (steps x
+step cost, :func:`time_budget`, fixed in the run folder at its start), its
+warm-up and schedule ending there, then measured like every run. Its ratio to
+est-ffn on the test set (paired by seed) is the equal-time reading at the end
+of both schedules; the ``-time`` table adds it to the issue's target line.
 
 Metrics on the test set (best-validation EMA weights; one definition for est
 and MACE, ``mace_baseline.force_metrics``): energy MAE (meV/atom), force MAE
@@ -140,6 +146,11 @@ LABELS = {"est-ffn": "est EquiformerV2 (`update=\"ffn\"`)", "est-default": "est 
 #: models run only when named (--models): the default without its logit bound, the default on a coarser design
 ABLATIONS = ("est-uncapped", "est-half-uncapped", "est-t14")
 REFERENCE = "est-ffn"
+#: ``<model>@time``: ``<model>`` trained for as many steps as fit in est-ffn's time (its 1,500 steps x its step
+#: cost), its schedule ending there (:func:`time_budget`): the equal-time reading on the test set
+TIME_SUFFIX = "@time"
+#: --models choices: every model, and every est model but the reference in EquiformerV2's time
+MODEL_CHOICES = [*MODELS, *(m + TIME_SUFFIX for m in MODELS if m not in (MACE, REFERENCE))]
 #: per run folder: the NVE trajectory's state while it runs (``mace_baseline.nve_md(checkpoint=...)``; resumable)
 MD_STATE = "md_state.json"
 #: issue 17: EST default force MAE <= 0.90x est's EquiformerV2 at equal time (paired seeds)
@@ -191,6 +202,27 @@ def split_indices(n_train_file: int, budget: Budget) -> tuple[list[int], list[in
         raise ValueError(f"{n_train_file} training frames cannot hold {n_train} for training (at least one batch of "
                          f"{budget.batch_size}) and {n_val} for validation. Fix: lower train_frames / val_frames")
     return list(range(n_train)), list(range(n_train_file - n_val, n_train_file))
+
+
+def base_model(model: str) -> str:
+    """The model a run trains: ``est-default@time`` -> ``est-default``."""
+    return model.removesuffix(TIME_SUFFIX)
+
+
+def is_timed(model: str) -> bool:
+    return model.endswith(TIME_SUFFIX)
+
+
+def label(model: str) -> str:
+    """Table label: the model's, plus "in EquiformerV2's time" for a ``@time`` run."""
+    base = LABELS.get(base_model(model), base_model(model))
+    return f"{base}, trained in EquiformerV2's time" if is_timed(model) else base
+
+
+def timed_steps(costs: dict[str, dict[str, Any]], model: str, budget: Budget) -> int:
+    r"""Steps of ``model`` that cost what ``budget.steps`` of est-ffn cost:
+    :math:`\mathrm{round}(n\,c_\mathrm{ffn} / c_\mathrm{model})` with the step costs ``c`` (CPU seconds)."""
+    return max(1, round(budget.steps * costs[REFERENCE]["cpu_s"] / costs[base_model(model)]["cpu_s"]))
 
 
 def run_dir(root: Path, molecule: str, model: str, seed: int) -> Path:
@@ -269,7 +301,9 @@ def _lower(read: list[float]) -> str:
 
 # ------------------------------------------------------------------ tables and plots (pure)
 def _order(per_model: dict[str, list[dict]]) -> list[str]:
-    return [m for m in MODELS if m in per_model] + [m for m in per_model if m not in MODELS]
+    """Models in ``MODELS``' order, each ``@time`` run after its model, then any others."""
+    known = [x for m in MODELS for x in (m, m + TIME_SUFFIX)]
+    return [m for m in known if m in per_model] + [m for m in per_model if m not in known]
 
 
 def tables(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> dict[str, str]:
@@ -284,7 +318,7 @@ def tables(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> 
             met = [r["metrics"] for r in recs]
             eq = [r["equivariance"][k] for r in recs if r.get("equivariance") for k in r["equivariance"] if k != "output"]
             md = [r["md"] for r in recs if r.get("md")]
-            row = {"model": LABELS.get(model, model), "params": f"{recs[0]['params']:,}" if recs[0].get("params") else "-",
+            row = {"model": label(model), "params": f"{recs[0]['params']:,}" if recs[0].get("params") else "-",
                    "seeds": len(recs),
                    "energy (meV/atom)": mean_sd([m["energy_mae_meV_atom"] for m in met]),
                    "forces (meV/A)": mean_sd([m["forces_mae_meV_A"] for m in met]),
@@ -300,7 +334,7 @@ def tables(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> 
             vs_ref = equal_time(recs, ref, clock=clock) if ref and model != REFERENCE else []
             at = vs_ref or [read_at(r, curve_end(r["curve"], clock), clock) for r in recs]
             time_rows.append({
-                "model": LABELS.get(model, model), "seeds": len(recs), "T (s)": mean_sd([a["T"] for a in at]),
+                "model": label(model), "seeds": len(recs), "T (s)": mean_sd([a["T"] for a in at]),
                 "steps at T": mean_sd([a["steps"] for a in at]),
                 "val forces at T (meV/A)": mean_sd([a["value"] for a in at]),
                 "/ EquiformerV2 at T": _ratios([a["ratio"] for a in vs_ref]),
@@ -319,6 +353,17 @@ def tables(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> 
                 mean = statistics.fmean(ratios)
                 text += (f"\n\nTarget (issue 17): {target} / {REFERENCE} force MAE at equal time ({clock} clock) <= {bound:.2f}: "
                          f"per seed {' '.join(f'{x:.2f}' for x in ratios)}, mean {mean:.2f}, "
+                         f"{sum(x <= bound for x in ratios)}/{len(ratios)} seeds within: "
+                         f"{'met' if mean <= bound else 'not met'}.")
+        timed = per_model.get(target + TIME_SUFFIX)
+        if ref and timed:
+            ratios, _ = paired(timed, ref, "forces_mae_meV_A")
+            if ratios:
+                mean = statistics.fmean(ratios)
+                steps = sorted({r["steps"] for r in timed})
+                text += (f"\n\nThe same target on the test set, {target} trained to the end of its own schedule in "
+                         f"{REFERENCE}'s time ({'/'.join(map(str, steps))} steps, `{target}{TIME_SUFFIX}`): per seed "
+                         f"{' '.join(f'{x:.2f}' for x in ratios)}, mean {mean:.2f}, "
                          f"{sum(x <= bound for x in ratios)}/{len(ratios)} seeds within: "
                          f"{'met' if mean <= bound else 'not met'}.")
         out[f"forces-{molecule}-time"] = text
@@ -345,7 +390,7 @@ def overview(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -
     models = _order({model: [] for m in molecules for model in results[m]})
     rows = []
     for model in (m for m in models if m != REFERENCE):
-        row = {"model": LABELS.get(model, model)}
+        row = {"model": label(model)}
         for molecule in molecules:
             recs, ref = results[molecule].get(model, []), results[molecule][REFERENCE]
             row[f"{molecule}: equal steps"] = _mean_of_ratios(paired(recs, ref, "forces_mae_meV_A")[0])
@@ -374,7 +419,7 @@ def plot_curves(results: dict[str, dict[str, list[dict]]], plots: Path, *, clock
                 if not c:
                     continue
                 y = [p[CURVE_KEY] for p in c]
-                kw = dict(color=f"C{i}", lw=1.2, alpha=0.8, label=LABELS.get(model, model) if j == 0 else None)
+                kw = dict(color=f"C{i}", lw=1.2, alpha=0.8, label=label(model) if j == 0 else None)
                 axes[0].plot([p["step"] for p in c], y, **kw)
                 axes[1].plot([p[CLOCKS[clock]] for p in c], y, **kw)
         for ax, xlabel in zip(axes, ("optimisation steps", f"optimisation seconds ({clock} clock)")):
@@ -464,13 +509,16 @@ def mace_files(data_dir: Path, molecule: str, root: Path, budget: Budget) -> dic
 
 
 # ------------------------------------------------------------------ one est run (subprocess)
-def est_overrides(model: str, data_dir: Path, molecule: str, seed: int, rd: Path, budget: Budget) -> list[str]:
-    """``python train.py`` overrides of one est run (the datasets themselves are passed to the trainer)."""
+def est_overrides(model: str, data_dir: Path, molecule: str, seed: int, rd: Path, budget: Budget, *,
+                  steps: int | None = None) -> list[str]:
+    """``python train.py`` overrides of one est run (the datasets themselves are passed to the trainer);
+    ``steps``: the step budget (default ``budget.steps``), which the warm-up and the schedule follow."""
     d = Path(data_dir) / molecule
-    return [*SHAPE, *MODELS[model], "data=oc20_s2ef", f"data.train_path={d / 'train'}", f"data.val_path={d / 'train'}",
+    steps = budget.steps if steps is None else steps
+    return [*SHAPE, *MODELS[base_model(model)], "data=oc20_s2ef", f"data.train_path={d / 'train'}", f"data.val_path={d / 'train'}",
             f"data.test_path={d / 'test'}", f"data.batch_size={budget.batch_size}", "data.eval_batch_size=32",
-            "data.num_workers=0", f"trainer.max_steps={budget.steps}", "trainer.max_epochs=100000",
-            f"trainer.warmup_steps={max(1, budget.steps // 30)}", f"trainer.eval_every={budget.eval_every}",
+            "data.num_workers=0", f"trainer.max_steps={steps}", "trainer.max_epochs=100000",
+            f"trainer.warmup_steps={max(1, steps // 30)}", f"trainer.eval_every={budget.eval_every}",
             "trainer.lr=5e-4", "trainer.ema_decay=0.99", "trainer.energy_coefficient=2.0", "trainer.force_coefficient=100.0",
             "trainer.monitor=forces_mae", "trainer.final_splits=[]", f"trainer.log_every={budget.eval_every}",
             "trainer.resume=auto", "trainer.progress=false", "trainer.tensorboard=false", "trainer.plots=false",
@@ -642,14 +690,33 @@ def with_step_cost_clock(results: dict[str, dict[str, list[dict]]], costs: dict[
     for molecule, per_model in results.items():
         for model, recs in per_model.items():
             for r in recs:
-                cal = costs.get(molecule, {}).get(model)
+                cal = costs.get(molecule, {}).get(base_model(model))
                 r["step_cost_s"] = cal["cpu_s"] if cal else r.get("cpu_ms_per_step", math.nan) / 1000.0
                 r["step_cost_source"] = cal.get("source", "interleaved") if cal else "own run"
                 for p in r.get("curve") or []:
                     p["cost_seconds"] = p["step"] * r["step_cost_s"]
 
 
-def run_est(molecule: str, model: str, seed: int, rd: Path, data_dir: Path, budget: Budget) -> dict[str, Any]:
+def time_budget(root: Path, molecule: str, model: str, data_dir: Path, budget: Budget, rd: Path) -> dict[str, Any]:
+    """The step budget of a ``<model>@time`` run, fixed at its first start (``rd/time_budget.json``, so a
+    later ``--calibrate`` does not change a run under way): ``{"steps", "seconds", "step_cost_s",
+    "reference_step_cost_s"}``, ``steps`` = :func:`timed_steps` from the root's step costs (calibrated
+    if missing), ``seconds`` = est-ffn's ``budget.steps`` x its step cost."""
+    def compute() -> dict[str, Any]:
+        costs = step_costs(root, molecule, [REFERENCE, base_model(model)], data_dir, budget)
+        ref = costs[REFERENCE]["cpu_s"]
+        return {"steps": timed_steps(costs, model, budget), "seconds": budget.steps * ref,
+                "step_cost_s": costs[base_model(model)]["cpu_s"], "reference_step_cost_s": ref}
+
+    rd.mkdir(parents=True, exist_ok=True)
+    return cached(rd / "time_budget.json", compute)
+
+
+def run_est(molecule: str, model: str, seed: int, rd: Path, data_dir: Path, budget: Budget, *,
+            root: Path | None = None) -> dict[str, Any]:
+    """One est run: train (resumable), then test metrics, trained rotation error and NVE MD (each cached).
+    A ``<model>@time`` run trains for :func:`time_budget`'s steps (``root``: the study root, whose step
+    costs set them)."""
     import torch
 
     from est.calculators import ESTCalculator
@@ -659,7 +726,8 @@ def run_est(molecule: str, model: str, seed: int, rd: Path, data_dir: Path, budg
     torch.set_num_threads(1)
     datasets = est_datasets(data_dir, molecule, budget)
     natoms = int(datasets["train"][0].natoms)
-    cli = est_overrides(model, data_dir, molecule, seed, rd, budget)
+    timing = time_budget(Path(root), molecule, model, data_dir, budget, rd) if is_timed(model) else None
+    cli = est_overrides(model, data_dir, molecule, seed, rd, budget, steps=timing["steps"] if timing else None)
     print(f"[forces] {molecule}/{model}/seed {seed}: python train.py {' '.join(cli)}", flush=True)
     trainer = Trainer(load_config(cli), datasets=datasets)
     clock = TrainingClock(trainer, rd / "curve.jsonl", natoms)
@@ -698,7 +766,7 @@ def run_est(molecule: str, model: str, seed: int, rd: Path, data_dir: Path, budg
                 params=sum(p.numel() for p in trainer.module.parameters()), train_wall_s=wall, train_cpu_s=cpu,
                 cpu_ms_per_step=1000.0 * cpu / max(trainer.step, 1), cpu_ms_per_step_steady=steady_ms_per_step(curve),
                 val_eval_wall_s=val_eval_wall_s, curve=curve, metrics=metrics, equivariance=eq, md=md_result,
-                model_config=trainer.model_cfg)
+                model_config=trainer.model_cfg, **({"time_budget": timing} if timing else {}))
 
 
 # ------------------------------------------------------------------ one MACE run (subprocess)
@@ -750,8 +818,9 @@ def main(argv=None) -> int:
     p.add_argument("--data-dir", default=os.environ.get("EST_XTB_DIR", str(REPO / "runs" / "data" / "xtb")),
                    help="the GFN2-xTB set (python -m est.data.xtb --out DIR); default $EST_XTB_DIR or runs/data/xtb")
     p.add_argument("--molecules", nargs="+", default=list(MOLECULES), choices=list(MOLECULES))
-    p.add_argument("--models", nargs="+", default=[m for m in MODELS if m not in ABLATIONS], choices=list(MODELS),
-                   help="default: every model but the ablations " + ", ".join(ABLATIONS))
+    p.add_argument("--models", nargs="+", default=[m for m in MODELS if m not in ABLATIONS], choices=MODEL_CHOICES,
+                   help="default: every model but the ablations " + ", ".join(ABLATIONS) + f" and the {TIME_SUFFIX} "
+                        "runs (MODEL@time: MODEL trained in est-ffn's time, its schedule ending there)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
     p.add_argument("--root", default=str(REPO / "runs" / "forces"))
@@ -775,7 +844,7 @@ def main(argv=None) -> int:
         t0, c0 = time.perf_counter(), time.process_time()
         load0 = os.getloadavg()[0]
         rec = (run_mace(molecule, seed, rd, data_dir, root, budget, args.mace_dtype) if model == MACE
-               else run_est(molecule, model, seed, rd, data_dir, budget))
+               else run_est(molecule, model, seed, rd, data_dir, budget, root=root))
         rec.update(wall_s=time.perf_counter() - t0, process_cpu_s=time.process_time() - c0, loadavg=[load0, os.getloadavg()[0]],
                    budget=asdict(budget))
         (rd / "result.json").write_text(json.dumps(rec, indent=1, default=str))
@@ -795,6 +864,9 @@ def main(argv=None) -> int:
                 raise SystemExit(f"[forces] {exc}") from None
             if any(j[1] == MACE for j in jobs):
                 mace_files(data_dir, molecule, root, budget)
+            timed_models = sorted({base_model(j[1]) for j in jobs if j[0] == molecule and is_timed(j[1])})
+            if timed_models:  # calibrated here, once, before the runs load the machine
+                step_costs(root, molecule, [REFERENCE, *timed_models], data_dir, budget)
         common.launch(jobs, command=lambda job: [sys.executable, __file__, "--one", *map(str, job), "--root", args.root,
                                                  "--data-dir", str(data_dir), "--mace-dtype", args.mace_dtype,
                                                  *(["--quick"] if args.quick else []),
@@ -806,7 +878,7 @@ def main(argv=None) -> int:
                                     and old.get("mace_dtype") == args.mace_dtype)
     costs = {}
     for molecule, per_model in results.items():
-        timed = [m for m in per_model if m != MACE or mb.available()]  # MACE is timed in its venv
+        timed = sorted({base_model(m) for m in per_model if m != MACE or mb.available()})  # MACE: timed in its venv
         if any(m != MACE for m in timed) and not args.quick:
             try:
                 costs[molecule] = step_costs(root, molecule, timed, data_dir, budget, fresh=args.calibrate,

@@ -164,3 +164,44 @@ def test_fresh_root_takes_the_recorded_step_costs_without_timing(sf, monkeypatch
     assert sf.recorded_step_costs("ethanol") == {}
     costs = sf.step_costs(root, "aspirin", ["est-ffn", "est-default"], tmp_path, sf.FULL)
     assert timed == [["est-default", "est-ffn"]] and costs["est-default"]["cpu_s"] == 9.0
+
+
+def test_time_runs_train_the_steps_that_cost_what_the_references_cost(sf, monkeypatch, tmp_path):
+    """``est-default@time``: est-default's overrides, a step budget = 1,500 x c_ffn / c_default, fixed in the
+    run folder at the first start (a later re-timing does not move a run under way)."""
+    costs = {"est-ffn": {"cpu_s": 0.45}, "est-default": {"cpu_s": 0.54}}
+    assert sf.timed_steps(costs, "est-default@time", sf.FULL) == 1250
+    assert sf.base_model("est-default@time") == "est-default" and sf.is_timed("est-half@time") and not sf.is_timed("est-half")
+    assert "est-default@time" in sf.MODEL_CHOICES and "est-ffn@time" not in sf.MODEL_CHOICES and "mace@time" not in sf.MODEL_CHOICES
+    cli = sf.est_overrides("est-default@time", tmp_path, "ethanol", 0, tmp_path / "rd", sf.FULL, steps=1250)
+    assert "trainer.max_steps=1250" in cli and "trainer.warmup_steps=41" in cli and "model.est.preset=default" in cli
+    assert "trainer.max_steps=1500" in sf.est_overrides("est-default", tmp_path, "ethanol", 0, tmp_path, sf.FULL)
+    seen = []
+    monkeypatch.setattr(sf, "step_costs", lambda root, molecule, models, *a, **k: seen.append(models) or costs)
+    rd = tmp_path / "ethanol" / "est-default@time-s0"
+    tb = sf.time_budget(tmp_path, "ethanol", "est-default@time", tmp_path, sf.FULL, rd)
+    assert tb == {"steps": 1250, "seconds": pytest.approx(675.0), "step_cost_s": 0.54, "reference_step_cost_s": 0.45}
+    assert seen == [["est-ffn", "est-default"]] and (rd / "time_budget.json").exists()
+    costs["est-default"]["cpu_s"] = 0.9  # re-timed later: the run keeps its budget
+    assert sf.time_budget(tmp_path, "ethanol", "est-default@time", tmp_path, sf.FULL, rd)["steps"] == 1250
+
+
+def test_time_runs_take_their_models_step_cost_and_the_test_set_target_line(sf):
+    runs = {"ethanol": {
+        "est-ffn": [record("est-ffn", s, 10.0, curve(2.0, [30.0, 20.0, 10.0])) for s in (0, 1)],
+        "est-default@time": [record("est-default@time", s, f, curve(1.0, [20.0, 10.0, 8.0])) | {"steps": 25}
+                             for s, f in ((0, 8.0), (1, 9.5))],
+        "est-default": [record("est-default", s, 9.0, curve(1.0, [20.0, 10.0, 8.0])) for s in (0, 1)],
+    }}
+    sf.with_step_cost_clock(runs, {"ethanol": {"est-ffn": {"cpu_s": 2.0}, "est-default": {"cpu_s": 2.4}}})
+    timed = runs["ethanol"]["est-default@time"][0]
+    assert timed["step_cost_s"] == 2.4 and timed["curve"][-1]["cost_seconds"] == pytest.approx(72.0)
+    t = sf.tables(runs, clock="step-cost")
+    lines = t["forces-ethanol"].splitlines()
+    names = [x.split(" | ")[0] for x in lines[2:]]
+    assert names[1:] == ["| est EST default (spherical Transformer only)",
+                         "| est EST default (spherical Transformer only), trained in EquiformerV2's time"]
+    assert "0.80 0.95 (2/2 lower)" in lines[-1]
+    text = t["forces-ethanol-time"]
+    assert ("The same target on the test set, est-default trained to the end of its own schedule in est-ffn's time "
+            "(25 steps, `est-default@time`): per seed 0.80 0.95, mean 0.88, 1/2 seeds within: met.") in text
