@@ -64,7 +64,12 @@ of both schedules; the ``-time`` table adds it to the issue's target line.
 
 Metrics on the test set (best-validation EMA weights; one definition for est
 and MACE, ``mace_baseline.force_metrics``): energy MAE (meV/atom), force MAE
-(meV/A), force cosine. est models also get the rotation error of the trained
+(meV/A), force cosine, and each test frame's force MAE, so that two models
+are compared frame by frame: per seed, the ratio to est-ffn with a 90%
+interval from a paired block bootstrap over the test trajectory
+(:func:`frame_ratio`) and both models' MAE along it (:func:`frames_table`; a
+``test.json`` written before the per-frame errors is evaluated again when its
+run is rerun). est models also get the rotation error of the trained
 forces in float64 (``est.testing.check_model``, a test frame). NVE MD
 (``mace_baseline.nve_md``, velocity Verlet, 0.5 fs, float64) from the GFN2-xTB
 minimum with 300 K Maxwell-Boltzmann velocities (MD seed = run seed) through
@@ -161,6 +166,8 @@ CLOCK_WORDS = {"step-cost": "steps x each model's step time on one thread, the e
                             "MACE right after",
                "cpu": "each run's own CPU seconds", "wall": "each run's own wall seconds"}
 CURVE_KEY = "forces_mae_meV_A"
+#: frames per block of the paired bootstrap over the test trajectory (:func:`frame_ratio`), and per shown stretch
+FRAME_BLOCK, SHOW_BLOCK = 25, 100
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -229,10 +236,13 @@ def run_dir(root: Path, molecule: str, model: str, seed: int) -> Path:
     return Path(root) / molecule / f"{model}-s{seed}"
 
 
-def cached(path: Path, compute: Callable[[], Any]) -> Any:
-    """``compute()``, kept in ``path`` (JSON) so that a rerun of the job reuses it."""
+def cached(path: Path, compute: Callable[[], Any], *, require: str | None = None) -> Any:
+    """``compute()``, kept in ``path`` (JSON) so that a rerun of the job reuses it; a stored value without the
+    key ``require`` (written before that key existed) is computed again."""
     if path.exists():
-        return json.loads(path.read_text())
+        value = json.loads(path.read_text())
+        if require is None or require in value:
+            return value
     value = compute()
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(value, indent=1, default=float))
@@ -300,6 +310,55 @@ def _lower(read: list[float]) -> str:
 
 
 # ------------------------------------------------------------------ tables and plots (pure)
+def frame_ratio(errors: list[float], base: list[float], *, block: int = FRAME_BLOCK, draws: int = 2000,
+                level: float = 0.90, seed: int = 0) -> tuple[float, float, float]:
+    r"""``(ratio, lo, hi)``: the test force MAE ratio :math:`\sum_f e_f / \sum_f b_f` of two models on the same
+    frames (per-frame MAEs ``errors`` and ``base``, [F], equal atoms per frame, so this is the ratio of the
+    MAEs) and its ``level`` interval from a paired block bootstrap: the trajectory cut into consecutive
+    blocks of ``block`` frames (MD frames are correlated), as many blocks drawn with replacement, the same
+    draw for both models, ``draws`` times (percentiles)."""
+    e, b = np.asarray(errors, dtype=float), np.asarray(base, dtype=float)  # [F]
+    if e.shape != b.shape or e.ndim != 1 or not len(e):
+        raise ValueError(f"per-frame errors of different frames: {e.shape} vs {b.shape}")
+    cuts = np.arange(block, len(e), block)
+    es = np.array([x.sum() for x in np.split(e, cuts)])  # [B] block sums
+    bs = np.array([x.sum() for x in np.split(b, cuts)])  # [B]
+    pick = np.random.default_rng(seed).integers(0, len(es), size=(draws, len(es)))  # [draws, B]
+    ratios = es[pick].sum(1) / bs[pick].sum(1)  # [draws]
+    lo, hi = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
+    return float(e.sum() / b.sum()), float(lo), float(hi)
+
+
+def block_means(errors: list[float], size: int = SHOW_BLOCK) -> list[float]:
+    """Mean of each consecutive ``size`` frames (the last block may be shorter)."""
+    e = np.asarray(errors, dtype=float)
+    return [float(x.mean()) for x in np.split(e, np.arange(size, len(e), size))]
+
+
+def frames_table(per_model: dict[str, list[dict]]) -> str:
+    """Per model and seed with per-frame test errors for it and est-ffn (``mace_baseline.FRAMES_KEY``): the
+    test force MAE ratio with its 90% paired block-bootstrap interval (:func:`frame_ratio`), and both models'
+    MAE per ``SHOW_BLOCK`` consecutive test frames; empty when no pair has them."""
+    ref = {r["seed"]: r["metrics"].get(mb.FRAMES_KEY) for r in per_model.get(REFERENCE, [])}
+    rows = []
+    for model in (m for m in _order(per_model) if m != REFERENCE):
+        for r in sorted(per_model[model], key=lambda r: r["seed"]):
+            mine, base = r["metrics"].get(mb.FRAMES_KEY), ref.get(r["seed"])
+            if not mine or not base or len(mine) != len(base):
+                continue
+            ratio, lo, hi = frame_ratio(mine, base)
+            rows.append({"model": label(model), "seed": r["seed"], "forces / EquiformerV2": f"{ratio:.3f}",
+                         "90% interval": f"{lo:.3f} - {hi:.3f}",
+                         f"per {SHOW_BLOCK} frames (meV/A)": " / ".join(f"{x:.1f}" for x in block_means(mine)),
+                         f"EquiformerV2 per {SHOW_BLOCK} frames": " / ".join(f"{x:.1f}" for x in block_means(base))})
+    if not rows:
+        return ""
+    return markdown_table(rows, list(rows[0])) + (
+        f"\n\nTest force MAE ratio per seed with a 90% interval from a paired bootstrap over blocks of {FRAME_BLOCK} "
+        f"consecutive test frames (the same blocks drawn for both models), and each model's MAE on consecutive "
+        f"{SHOW_BLOCK}-frame stretches of the test trajectory.")
+
+
 def _order(per_model: dict[str, list[dict]]) -> list[str]:
     """Models in ``MODELS``' order, each ``@time`` run after its model, then any others."""
     known = [x for m in MODELS for x in (m, m + TIME_SUFFIX)]
@@ -340,7 +399,8 @@ def tables(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> 
                 "/ EquiformerV2 at T": _ratios([a["ratio"] for a in vs_ref]),
                 "/ MACE at T": "" if model == MACE or not mace else _ratios([a["ratio"] for a in equal_time(recs, mace, clock=clock)]),
             })
-        out[f"forces-{molecule}"] = markdown_table(steps_rows, list(steps_rows[0]))
+        frames = frames_table(per_model)
+        out[f"forces-{molecule}"] = markdown_table(steps_rows, list(steps_rows[0])) + (f"\n\n{frames}" if frames else "")
         text = markdown_table(time_rows, list(time_rows[0])) + (
             f"\n\nValidation force MAE read off the learning curves at T seconds of optimisation ({CLOCK_WORDS[clock]}): "
             "per seed, T is the end of the shorter of the row's run and EquiformerV2's (EquiformerV2's row: its own end); "
@@ -758,7 +818,7 @@ def run_est(molecule: str, model: str, seed: int, rd: Path, data_dir: Path, budg
                          temperature_K=budget.md_temperature_K, seed=seed, reference=start, every=budget.md_every,
                          checkpoint=str(rd / MD_STATE))
 
-    metrics = cached(rd / "test.json", test_metrics)
+    metrics = cached(rd / "test.json", test_metrics, require=mb.FRAMES_KEY)
     eq = cached(rd / "equivariance.json", equivariance)
     md_result = cached(rd / "md.json", md)
     curve = clock.points
@@ -785,7 +845,7 @@ def run_mace(molecule: str, seed: int, rd: Path, data_dir: Path, root: Path, bud
               "forces_mae_meV_A": c["forces_mae_meV_A"], "energy_mae_meV_atom": c["energy_mae_meV_atom"]}
              for c in rec["curve"]]
     metrics = cached(rd / "test.json", lambda: mb.run_in_venv("evaluate", "--model", rec["model"], "--xyz", files["test"],
-                                                              "--dtype", dtype))
+                                                              "--dtype", dtype), require=mb.FRAMES_KEY)
     md_result = cached(rd / "md.json", lambda: mb.run_in_venv(
         "md", "--model", rec["model"], "--xyz", files["relaxed"], "--steps", str(budget.md_steps),
         "--timestep-fs", str(budget.md_timestep_fs), "--temperature", str(budget.md_temperature_K), "--seed", str(seed),

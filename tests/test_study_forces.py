@@ -205,3 +205,50 @@ def test_time_runs_take_their_models_step_cost_and_the_test_set_target_line(sf):
     text = t["forces-ethanol-time"]
     assert ("The same target on the test set, est-default trained to the end of its own schedule in est-ffn's time "
             "(25 steps, `est-default@time`): per seed 0.80 0.95, mean 0.88, 1/2 seeds within: met.") in text
+
+
+def test_force_metrics_keep_each_frames_force_mae(sf):
+    import numpy as np
+
+    fr = np.zeros((5, 3))
+    fp = np.concatenate([np.full((2, 3), 0.003), np.full((3, 3), -0.001)])  # frame 0: 2 atoms, frame 1: 3 atoms
+    m = sf.mb.force_metrics([1.0, 2.0], [1.0, 2.0], [2, 3], fp, fr)
+    assert m[sf.mb.FRAMES_KEY] == [pytest.approx(3.0), pytest.approx(1.0)]
+    assert m["forces_mae_meV_A"] == pytest.approx((6 * 3.0 + 9 * 1.0) / 15)
+
+
+def test_frame_ratio_is_the_mae_ratio_with_a_paired_block_bootstrap_interval(sf):
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    base = list(rng.uniform(40, 80, 500))
+    assert sf.frame_ratio([0.9 * x for x in base], base) == pytest.approx((0.9, 0.9, 0.9))  # paired: no spread
+    noisy = [x * y for x, y in zip(base, rng.uniform(0.7, 1.1, 500))]
+    ratio, lo, hi = sf.frame_ratio(noisy, base)
+    assert ratio == pytest.approx(sum(noisy) / sum(base)) and lo < ratio < hi and 0.005 < hi - lo < 0.05
+    assert sf.frame_ratio(noisy, base) == (ratio, lo, hi)  # seeded
+    assert sf.frame_ratio(noisy, base, block=100)[1:] != (lo, hi)
+    with pytest.raises(ValueError, match="different frames"):
+        sf.frame_ratio(noisy[:-1], base)
+    assert sf.block_means([1.0] * 100 + [3.0] * 100 + [5.0] * 50) == [1.0, 3.0, 5.0]
+
+
+def test_tables_show_the_frame_by_frame_comparison_where_both_runs_have_it(sf):
+    key = sf.mb.FRAMES_KEY
+    ffn = [record("est-ffn", s, 10.0, curve(2.0, [30.0, 20.0, 10.0])) for s in (0, 1)]
+    est = [record("est-default", s, 8.0, curve(1.0, [20.0, 10.0, 8.0])) for s in (0, 1)]
+    assert "interval" not in sf.tables({"ethanol": {"est-ffn": ffn, "est-default": est}})["forces-ethanol"]
+    ffn[0]["metrics"][key] = [10.0] * 150 + [20.0] * 50
+    est[0]["metrics"][key] = [8.0] * 150 + [16.0] * 50
+    est[1]["metrics"][key] = [8.0] * 200  # seed 1's reference has no per-frame errors: no row
+    text = sf.tables({"ethanol": {"est-ffn": ffn, "est-default": est}})["forces-ethanol"]
+    rows = [x for x in text.splitlines() if x.startswith("| est EST default") and "0.800" in x]
+    assert rows == ["| est EST default (spherical Transformer only) | 0 | 0.800 | 0.800 - 0.800 | 8.0 / 12.0 | 10.0 / 15.0 |"]
+
+
+def test_cached_recomputes_a_value_written_before_a_required_key(sf, tmp_path):
+    path = tmp_path / "test.json"
+    path.write_text('{"forces_mae_meV_A": 1.0}')
+    assert sf.cached(path, lambda: {"x": 1}) == {"forces_mae_meV_A": 1.0}
+    assert sf.cached(path, lambda: {"forces_mae_meV_A": 1.0, "frames": [1.0]}, require="frames")["frames"] == [1.0]
+    assert sf.cached(path, lambda: 1 / 0, require="frames")["frames"] == [1.0]

@@ -452,9 +452,14 @@ def learning_curve(run_dir: str | os.PathLike) -> List[Dict[str, float]]:
 
 
 # ----------------------------------------------------------------------------- evaluation (MACE side)
+#: force_metrics' per-frame force MAE (meV/A, frames in the order given): paired comparisons frame by frame
+FRAMES_KEY = "forces_mae_frames_meV_A"
+
+
 def force_metrics(e_pred: Sequence[float], e_ref: Sequence[float], natoms: Sequence[int],
-                  f_pred: np.ndarray, f_ref: np.ndarray) -> Dict[str, float]:
-    """Energy and force errors with est's definitions (module docstring).
+                  f_pred: np.ndarray, f_ref: np.ndarray) -> Dict[str, Any]:
+    """Energy and force errors with est's definitions (module docstring), and each frame's force MAE
+    (``FRAMES_KEY``, a list over the frames: the mean of ``|dF|`` over its atoms and components).
 
     ``e_*`` [B] eV, ``natoms`` [B], ``f_*`` [N, 3] eV/A (frames concatenated).
     """
@@ -466,12 +471,15 @@ def force_metrics(e_pred: Sequence[float], e_ref: Sequence[float], natoms: Seque
     de = np.abs(e_pred - e_ref)  # [B]
     num = (f_pred * f_ref).sum(-1)  # [N]
     den = np.maximum(np.linalg.norm(f_pred, axis=-1) * np.linalg.norm(f_ref, axis=-1), 1e-12)  # [N]
+    frame = np.repeat(np.arange(len(n)), n.astype(int))  # [N] frame of each atom
+    per_frame = np.bincount(frame, weights=np.abs(f_pred - f_ref).sum(-1), minlength=len(n)) / (3.0 * n)  # [B] eV/A
     return {"frames": int(len(e_ref)), "atoms": int(n.sum()),
             "energy_mae_meV": 1000.0 * float(de.mean()),
             "energy_mae_meV_atom": 1000.0 * float((de / n).mean()),
             "forces_mae_meV_A": 1000.0 * float(np.abs(f_pred - f_ref).mean()),
             "forces_rmse_meV_A": 1000.0 * float(np.sqrt(((f_pred - f_ref) ** 2).mean())),
-            "forces_cos": float((num / den).mean())}
+            "forces_cos": float((num / den).mean()),
+            FRAMES_KEY: [round(1000.0 * float(x), 4) for x in per_frame]}
 
 
 def mace_calculator(model: str, *, dtype: str = "float64"):
