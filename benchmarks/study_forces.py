@@ -67,9 +67,9 @@ and MACE, ``mace_baseline.force_metrics``): energy MAE (meV/atom), force MAE
 (meV/A), force cosine, and each test frame's force MAE, so that two models
 are compared frame by frame: per seed, the ratio to est-ffn with a 90%
 interval from a paired block bootstrap over the test trajectory
-(:func:`frame_ratio`) and both models' MAE along it (:func:`frames_table`; a
-``test.json`` written before the per-frame errors is evaluated again when its
-run is rerun). est models also get the rotation error of the trained
+(:func:`frame_ratio`) and both models' MAE along it (:func:`frames_table`;
+``--refresh-metrics`` gives finished runs recorded before the per-frame errors
+their test metrics again from their checkpoints). est models also get the rotation error of the trained
 forces in float64 (``est.testing.check_model``, a test frame). NVE MD
 (``mace_baseline.nve_md``, velocity Verlet, 0.5 fs, float64) from the GFN2-xTB
 minimum with 300 K Maxwell-Boltzmann velocities (MD seed = run seed) through
@@ -757,6 +757,49 @@ def with_step_cost_clock(results: dict[str, dict[str, list[dict]]], costs: dict[
                     p["cost_seconds"] = p["step"] * r["step_cost_s"]
 
 
+def est_test_metrics(trainer, best: Path) -> dict[str, Any]:
+    """``mace_baseline.force_metrics`` of the checkpoint ``best`` on ``trainer``'s test split, plus its CPU seconds."""
+    from est.train import load_trained_model
+
+    net, _ = load_trained_model(str(best))
+    c0 = time.process_time()
+    _, p = trainer.evaluate("test", module=net, collect=True)
+    m = mb.force_metrics(p["energy_pred"], p["energy_true"], p["natoms"], p["forces_pred"], p["forces_true"])
+    return m | {"cpu_s": time.process_time() - c0}
+
+
+def refresh_metrics(rd: Path, data_dir: Path, budget: Budget) -> bool:
+    """Give a finished run recorded before the per-frame test errors (``mace_baseline.FRAMES_KEY``) its test
+    metrics again, from its kept checkpoint (est: ``best.pt``; MACE: its model file), the rest of the record
+    (training, clock, MD) untouched; ``rd/test.json`` and ``rd/result.json`` are rewritten. False when the
+    record has them already."""
+    path = rd / "result.json"
+    rec = json.loads(path.read_text())
+    if mb.FRAMES_KEY in rec["metrics"]:
+        return False
+    old = rec["metrics"]
+    if rec["kind"] == MACE:
+        metrics = cached(rd / "test.json", lambda: mb.run_in_venv("evaluate", "--model", old["model"], "--xyz", old["xyz"],
+                                                                  "--dtype", old.get("dtype", "float64")),
+                         require=mb.FRAMES_KEY)
+    else:
+        import torch
+
+        from est.train import Trainer, load_config
+
+        torch.set_num_threads(1)
+        trainer = Trainer(load_config(rec["overrides"]), datasets=est_datasets(data_dir, rec["molecule"], budget))
+        metrics = cached(rd / "test.json", lambda: est_test_metrics(trainer, rd / "best.pt"), require=mb.FRAMES_KEY)
+    moved = {k: (old[k], metrics[k]) for k in ("forces_mae_meV_A", "energy_mae_meV_atom") if old[k] != metrics[k]}
+    if moved:
+        print(f"[forces] {rd}: the re-evaluated test metrics differ from the recorded ones: {moved}", flush=True)
+    rec["metrics"] = metrics
+    from est.data.cache import atomic_json
+
+    atomic_json(str(path), rec)
+    return True
+
+
 def time_budget(root: Path, molecule: str, model: str, data_dir: Path, budget: Budget, rd: Path) -> dict[str, Any]:
     """The step budget of a ``<model>@time`` run, fixed at its first start (``rd/time_budget.json``, so a
     later ``--calibrate`` does not change a run under way): ``{"steps", "seconds", "step_cost_s",
@@ -781,7 +824,7 @@ def run_est(molecule: str, model: str, seed: int, rd: Path, data_dir: Path, budg
 
     from est.calculators import ESTCalculator
     from est.testing.check import load_model_for_check
-    from est.train import Trainer, load_config, load_trained_model
+    from est.train import Trainer, load_config
 
     torch.set_num_threads(1)
     datasets = est_datasets(data_dir, molecule, budget)
@@ -800,13 +843,6 @@ def run_est(molecule: str, model: str, seed: int, rd: Path, data_dir: Path, budg
     val_eval_wall_s = max(time.perf_counter() - t0 - wall, 0.0)  # validation passes and start-up (of this call)
     best = rd / "best.pt"
 
-    def test_metrics() -> dict:
-        net, _ = load_trained_model(str(best))
-        c0 = time.process_time()
-        _, p = trainer.evaluate("test", module=net, collect=True)
-        m = mb.force_metrics(p["energy_pred"], p["energy_true"], p["natoms"], p["forces_pred"], p["forces_true"])
-        return m | {"cpu_s": time.process_time() - c0}
-
     def equivariance() -> dict:
         net = load_model_for_check(checkpoint=str(best), dtype=torch.float64).eval()
         return common.trained_rotation_error(net, (("test frame", datasets["test"][0]),), "forces", model)
@@ -818,7 +854,7 @@ def run_est(molecule: str, model: str, seed: int, rd: Path, data_dir: Path, budg
                          temperature_K=budget.md_temperature_K, seed=seed, reference=start, every=budget.md_every,
                          checkpoint=str(rd / MD_STATE))
 
-    metrics = cached(rd / "test.json", test_metrics, require=mb.FRAMES_KEY)
+    metrics = cached(rd / "test.json", lambda: est_test_metrics(trainer, best), require=mb.FRAMES_KEY)
     eq = cached(rd / "equivariance.json", equivariance)
     md_result = cached(rd / "md.json", md)
     curve = clock.points
@@ -890,6 +926,8 @@ def main(argv=None) -> int:
     p.add_argument("--clock", default="step-cost", choices=list(CLOCKS), help="seconds of the equal-time comparison")
     p.add_argument("--calibrate", action="store_true", help="re-time the est models' steps (step costs) before the tables")
     p.add_argument("--tables-only", action="store_true", help="no training: tables and plots from the stored runs")
+    p.add_argument("--refresh-metrics", action="store_true",
+                   help="first re-evaluate the test metrics of finished runs recorded without per-frame errors")
     p.add_argument("--one", nargs=3, metavar=("MOLECULE", "MODEL", "SEED"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     budget = QUICK if args.quick else FULL
@@ -927,6 +965,11 @@ def main(argv=None) -> int:
             timed_models = sorted({base_model(j[1]) for j in jobs if j[0] == molecule and is_timed(j[1])})
             if timed_models:  # calibrated here, once, before the runs load the machine
                 step_costs(root, molecule, [REFERENCE, *timed_models], data_dir, budget)
+        if args.refresh_metrics:
+            for job in jobs:
+                rd = run_dir(root, *job)
+                if (rd / "result.json").exists() and refresh_metrics(rd, data_dir, budget):
+                    print(f"[forces] {job}: test metrics re-evaluated with per-frame errors", flush=True)
         common.launch(jobs, command=lambda job: [sys.executable, __file__, "--one", *map(str, job), "--root", args.root,
                                                  "--data-dir", str(data_dir), "--mace-dtype", args.mace_dtype,
                                                  *(["--quick"] if args.quick else []),

@@ -252,3 +252,19 @@ def test_cached_recomputes_a_value_written_before_a_required_key(sf, tmp_path):
     assert sf.cached(path, lambda: {"x": 1}) == {"forces_mae_meV_A": 1.0}
     assert sf.cached(path, lambda: {"forces_mae_meV_A": 1.0, "frames": [1.0]}, require="frames")["frames"] == [1.0]
     assert sf.cached(path, lambda: 1 / 0, require="frames")["frames"] == [1.0]
+
+
+def test_refresh_metrics_replaces_only_the_test_metrics_of_an_old_record(sf, monkeypatch, tmp_path):
+    import json
+
+    old = {"forces_mae_meV_A": 11.0, "energy_mae_meV_atom": 1.0, "model": "m.model", "xyz": "test.xyz", "dtype": "float64"}
+    rec = {"kind": "mace", "molecule": "ethanol", "seed": 0, "metrics": old, "train_wall_s": 6836.0, "md": {"intact": True}}
+    (tmp_path / "result.json").write_text(json.dumps(rec))
+    calls = []
+    new = dict(old, **{sf.mb.FRAMES_KEY: [10.0, 12.0]})
+    monkeypatch.setattr(sf.mb, "run_in_venv", lambda *argv: calls.append(argv) or new)
+    assert sf.refresh_metrics(tmp_path, tmp_path, sf.FULL)
+    assert calls == [("evaluate", "--model", "m.model", "--xyz", "test.xyz", "--dtype", "float64")]
+    after = json.loads((tmp_path / "result.json").read_text())
+    assert after == dict(rec, metrics=new) and json.loads((tmp_path / "test.json").read_text()) == new
+    assert not sf.refresh_metrics(tmp_path, tmp_path, sf.FULL) and len(calls) == 1  # already there: nothing to do
