@@ -816,7 +816,7 @@ def time_budget(root: Path, molecule: str, model: str, data_dir: Path, budget: B
 
 
 def run_est(molecule: str, model: str, seed: int, rd: Path, data_dir: Path, budget: Budget, *,
-            root: Path | None = None) -> dict[str, Any]:
+            root: Path) -> dict[str, Any]:
     """One est run: train (resumable), then test metrics, trained rotation error and NVE MD (each cached).
     A ``<model>@time`` run trains for :func:`time_budget`'s steps (``root``: the study root, whose step
     costs set them)."""
@@ -829,7 +829,7 @@ def run_est(molecule: str, model: str, seed: int, rd: Path, data_dir: Path, budg
     torch.set_num_threads(1)
     datasets = est_datasets(data_dir, molecule, budget)
     natoms = int(datasets["train"][0].natoms)
-    timing = time_budget(Path(root), molecule, model, data_dir, budget, rd) if is_timed(model) else None
+    timing = time_budget(root, molecule, model, data_dir, budget, rd) if is_timed(model) else None
     cli = est_overrides(model, data_dir, molecule, seed, rd, budget, steps=timing["steps"] if timing else None)
     print(f"[forces] {molecule}/{model}/seed {seed}: python train.py {' '.join(cli)}", flush=True)
     trainer = Trainer(load_config(cli), datasets=datasets)
