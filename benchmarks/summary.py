@@ -37,10 +37,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common import EST_UNCAPPED_LABEL, load, markdown_table, mean_sd, paired
+from common import EST_UNCAPPED_LABEL, RESULTS, load, markdown_table, mean_sd, paired
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
 README = HERE.parent / "README.md"
 #: pages whose ``<!-- summary:NAME -->`` blocks ``--docs`` re-renders
 PAGES = (README, HERE.parent / "docs" / "results.md")
