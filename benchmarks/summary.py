@@ -23,7 +23,8 @@ gives the blocks ``expressivity-rotsym``, ``-kchain`` and ``-counterexample`` (w
 ``-counterexample-separation``), ``expressivity_lr1e-3.json`` (``--lr 1e-3 --tasks
 counterexample``) the block ``expressivity-lr1e-3-counterexample``; ``forces.json``
 (``study_forces.py``) the blocks ``forces-<molecule>`` and ``forces-<molecule>-time``;
-``torch_sim.json`` (``bench_torch_sim.py``) the block ``torch-sim``; every ``trained_grid*.json``
+``torch_sim.json`` (``bench_torch_sim.py``) the block ``torch-sim``; ``cpu_malloc.json``
+(``bench_cpu_malloc.py``) the block ``cpu-malloc``; every ``trained_grid*.json``
 (``bench_trained_grid.py --out trained_grid...``) the block of its name with dashes, e.g. ``trained-grid-coarse``.
 
     python benchmarks/summary.py [--docs] [--no-plots]
@@ -230,14 +231,15 @@ def main(argv=None) -> int:
             sections += ["", f"## {prefix}{name} (`study_accuracy.py`, {' '.join(d.get('overrides') or []) or 'as configured'})",
                          "", tbl]
     for name, script in (("vs_fairchem", "bench_vs_fairchem.py"), ("vs_fairchem_equivariance", "bench_equivariance_vs_fairchem.py"),
-                         ("equivariance_training", "study_equivariance_training.py"), ("torch_sim", "bench_torch_sim.py")):
+                         ("equivariance_training", "study_equivariance_training.py"), ("torch_sim", "bench_torch_sim.py"),
+                         ("cpu_malloc", "bench_cpu_malloc.py")):
         d = load(name)
         if not d or not d.get("tables"):
             continue
         tables = d["tables"].values() if isinstance(d["tables"], dict) else d["tables"]
         sections += ["", f"## {name} (`{script}`)"] + [f"\n{t}" for t in tables]
-        if name == "torch_sim":  # docs/results.md block torch-sim
-            blocks["torch-sim"] = "\n\n".join(tables)
+        if name in ("torch_sim", "cpu_malloc"):  # docs/results.md blocks torch-sim, cpu-malloc
+            blocks[name.replace("_", "-")] = "\n\n".join(tables)
     for name in sorted(f.stem for f in RESULTS.glob("trained_grid*.json")):  # docs/results.md blocks trained-grid*
         grid = load(name)
         if not grid:

@@ -66,6 +66,7 @@ from .epoch_time import EpochTimer
 from .eval_mode import evaluate_checkpoint  # noqa: F401  (mode=eval; re-exported where it used to live)
 from .evaluation import evaluate
 from .logs import MetricsCSV, TensorBoard
+from .malloc import keep_freed_memory
 from .nonfinite import NonFiniteLossError, bad_batch_message, batch_ids, nonfinite_inputs
 from .optim import CosineWarmup, build_optimizer
 from .report import write_final_report
@@ -102,6 +103,8 @@ class Trainer:
         self.device = self.info.device
         self.run_dir = os.path.abspath(cfg.run_dir)
         self.log = (lambda *a, **k: print(*a, **k, flush=True)) if self.info.is_main else (lambda *a, **k: None)
+        if t.keep_freed_memory and self.device.type == "cpu" and not keep_freed_memory():
+            self.log("[est.train] trainer.keep_freed_memory: the C library is not glibc; CPU allocations unchanged")
         validate_numbers(cfg)  # NaN / negative lr, batch sizes, ... before anything is read
         problem = broadcast_object(check_run_dir(self.run_dir) if self.info.is_main else None, self.info)
         if problem:  # checked before loading any data

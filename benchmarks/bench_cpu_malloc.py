@@ -1,0 +1,92 @@
+#!/usr/bin/env python
+"""CPU training step with glibc's default allocation and with ``trainer.keep_freed_memory`` (est.train.malloc).
+
+Per molecule of the GFN2-xTB set (``python -m est.data.xtb``) and per setting,
+one fresh process on one thread times an optimisation step of est's
+EquiformerV2 (``update="ffn"``) and the EST default round-robin, the
+force study's models, batch and trainer settings
+(``study_forces.calibrate``: median CPU seconds of 7 rounds after 2 warm-up
+on the same batches), and records the process's peak resident memory (the
+setting's cost). The settings alternate twice (default, kept, default,
+kept), so a change of the machine's load shows up as a spread between the
+two processes of one setting; the table gives their mean and the ratio of
+the means. Linux with glibc only (elsewhere the setting changes nothing).
+
+    python benchmarks/bench_cpu_malloc.py --data-dir /work/data/xtb [--molecules ethanol paracetamol]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "baseline"))
+
+from common import print_table, save  # noqa: E402
+
+MODELS = ("est-ffn", "est-default")
+SETTINGS = ("glibc default", "keep_freed_memory")
+
+
+def one(setting: str, molecule: str, data_dir: Path) -> dict:
+    """Step costs of :data:`MODELS` in this process under ``setting``, and its peak resident memory (MiB)."""
+    if setting == SETTINGS[1]:
+        from est.train.malloc import keep_freed_memory
+
+        if not keep_freed_memory():
+            raise SystemExit("[malloc] the C library is not glibc: nothing to compare")
+    import study_forces as sf
+
+    costs = sf.calibrate(molecule, list(MODELS), data_dir, sf.FULL)
+    return {"costs": costs, "max_rss_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data-dir", default=os.environ.get("EST_XTB_DIR", "runs/data/xtb"))
+    p.add_argument("--molecules", nargs="+", default=["ethanol", "paracetamol"])
+    p.add_argument("--repeats", type=int, default=2, help="processes per setting, alternating")
+    p.add_argument("--one", nargs=2, metavar=("SETTING", "MOLECULE"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    data_dir = Path(args.data_dir)
+    if args.one:
+        print(json.dumps(one(args.one[0], args.one[1], data_dir)))
+        return 0
+    runs: dict[str, dict[str, list[dict]]] = {}
+    for molecule in args.molecules:
+        runs[molecule] = {s: [] for s in SETTINGS}
+        for _ in range(args.repeats):
+            for setting in SETTINGS:
+                out = subprocess.run([sys.executable, __file__, "--one", setting, molecule, "--data-dir", str(data_dir)],
+                                     check=True, capture_output=True, text=True).stdout
+                runs[molecule][setting].append(json.loads(out.strip().splitlines()[-1]))
+    rows = []
+    for molecule, per in runs.items():
+        ms = {s: {m: statistics.fmean(1000.0 * r["costs"][m]["cpu_s"] for r in per[s]) for m in MODELS} for s in SETTINGS}
+        rss = {s: max(r["max_rss_MiB"] for r in per[s]) for s in SETTINGS}
+        for m in MODELS:
+            spread = {s: [f"{1000.0 * r['costs'][m]['cpu_s']:.0f}" for r in per[s]] for s in SETTINGS}
+            rows.append({"molecule": molecule, "model": m,
+                         "ms/step, glibc default": f"{ms[SETTINGS[0]][m]:.0f} ({' / '.join(spread[SETTINGS[0]])})",
+                         "ms/step, keep_freed_memory": f"{ms[SETTINGS[1]][m]:.0f} ({' / '.join(spread[SETTINGS[1]])})",
+                         "kept / default": f"{ms[SETTINGS[1]][m] / ms[SETTINGS[0]][m]:.2f}",
+                         "EST default / EquiformerV2, default": f"{ms[SETTINGS[0]][MODELS[1]] / ms[SETTINGS[0]][MODELS[0]]:.3f}",
+                         "EST default / EquiformerV2, kept": f"{ms[SETTINGS[1]][MODELS[1]] / ms[SETTINGS[1]][MODELS[0]]:.3f}",
+                         "peak RSS MiB (default / kept)": f"{rss[SETTINGS[0]]:.0f} / {rss[SETTINGS[1]]:.0f}"})
+    cols = list(rows[0])
+    table = print_table(rows, cols, "CPU training step: glibc's default allocation vs trainer.keep_freed_memory "
+                                    "(one thread, the force study's batch of 16; per-process values in brackets)")
+    save("cpu_malloc", {"description": __doc__.split("\n")[0], "data_dir": str(data_dir), "repeats": args.repeats,
+                        "runs": runs, "tables": {"cpu-malloc": table.split("\n", 2)[2]}})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
