@@ -24,7 +24,8 @@ gives the blocks ``expressivity-rotsym``, ``-kchain`` and ``-counterexample`` (w
 counterexample``) the block ``expressivity-lr1e-3-counterexample``; ``forces.json``
 (``study_forces.py``) the blocks ``forces-<molecule>`` and ``forces-<molecule>-time``;
 ``torch_sim.json`` (``bench_torch_sim.py``) the block ``torch-sim``; ``cpu_malloc.json``
-(``bench_cpu_malloc.py``) the block ``cpu-malloc``; every ``trained_grid*.json``
+(``bench_cpu_malloc.py``) the block ``cpu-malloc``; ``update_cost.json`` (``bench_update_cost.py``) the
+block ``update-cost``; every ``trained_grid*.json``
 (``bench_trained_grid.py --out trained_grid...``) the block of its name with dashes, e.g. ``trained-grid-coarse``.
 
     python benchmarks/summary.py [--docs] [--no-plots]
@@ -232,13 +233,13 @@ def main(argv=None) -> int:
                          "", tbl]
     for name, script in (("vs_fairchem", "bench_vs_fairchem.py"), ("vs_fairchem_equivariance", "bench_equivariance_vs_fairchem.py"),
                          ("equivariance_training", "study_equivariance_training.py"), ("torch_sim", "bench_torch_sim.py"),
-                         ("cpu_malloc", "bench_cpu_malloc.py")):
+                         ("cpu_malloc", "bench_cpu_malloc.py"), ("update_cost", "bench_update_cost.py")):
         d = load(name)
         if not d or not d.get("tables"):
             continue
         tables = d["tables"].values() if isinstance(d["tables"], dict) else d["tables"]
         sections += ["", f"## {name} (`{script}`)"] + [f"\n{t}" for t in tables]
-        if name in ("torch_sim", "cpu_malloc"):  # docs/results.md blocks torch-sim, cpu-malloc
+        if name in ("torch_sim", "cpu_malloc", "update_cost"):  # docs/results.md blocks of the same names, with dashes
             blocks[name.replace("_", "-")] = "\n\n".join(tables)
     for name in sorted(f.stem for f in RESULTS.glob("trained_grid*.json")):  # docs/results.md blocks trained-grid*
         grid = load(name)

@@ -289,3 +289,24 @@ def test_trained_grid_rows_of_other_checkpoints_are_kept(monkeypatch_module, mon
     assert bench.merged_rows("tg", new, data="d", frames=50) == new
     assert bench.merged_rows("tg", new, data="other", frames=100) == new
     assert bench.merged_rows("absent", new, data="d", frames=100) == new
+
+
+def test_update_cost_blocks_are_the_study_models_and_take_the_double_backward(monkeypatch_module):
+    """bench_update_cost.py times layer 0's update block of each study model: the EST ones on their designs,
+    the FFN on the tiny shape's grid or on 18 x 18; the double-backward call reaches the block's weights."""
+    monkeypatch_module.syspath_prepend(str(BENCH / "baseline"))
+    monkeypatch_module.syspath_prepend(str(BENCH))
+    bench = importlib.import_module("bench_update_cost")
+    import torch
+
+    points = {}
+    for model in bench.MODELS:
+        block = bench.update_block(model, 32, 64)
+        points[model] = block.spherical.sft.num_points if block.spherical is not None else 0
+        if model.startswith("est-ffn"):
+            assert block.config.ffn_grid.resolution == ((18, 18) if "18x18" in model else (10, 9))
+        x0, batch = torch.randn(40, 16, 32), torch.arange(40) // 20
+        block.zero_grad()
+        bench.steps(block, x0, batch)["fwd+double bwd"]()
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in block.parameters() if p.requires_grad)
+    assert points == {"est-ffn": 0, "est-default": 146, "est-t14": 114, "est-ffn 18x18": 0}
