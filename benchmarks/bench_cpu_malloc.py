@@ -5,7 +5,7 @@ Per molecule of the GFN2-xTB set (``python -m est.data.xtb``) and per setting,
 one fresh process on one thread times an optimisation step of est's
 EquiformerV2 (``update="ffn"``) and the EST default round-robin, the
 force study's models, batch and trainer settings
-(``study_forces.calibrate``: median CPU seconds of 7 rounds after 2 warm-up
+(``forces_clock.calibrate``: median CPU seconds of 7 rounds after 2 warm-up
 on the same batches), and records the process's peak resident memory (the
 setting's cost). The settings alternate twice (default, kept, default,
 kept), so a change of the machine's load shows up as a spread between the
@@ -42,9 +42,10 @@ def one(setting: str, molecule: str, data_dir: Path) -> dict:
 
         if not keep_freed_memory():
             raise SystemExit("[malloc] the C library is not glibc: nothing to compare")
-    import study_forces as sf
+    from forces_clock import calibrate
+    from forces_setup import FULL
 
-    costs = sf.calibrate(molecule, list(MODELS), data_dir, sf.FULL)
+    costs = calibrate(molecule, list(MODELS), data_dir, FULL)
     return {"costs": costs, "max_rss_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
 
 

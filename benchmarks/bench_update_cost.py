@@ -2,7 +2,7 @@
 """Where the force study's EST step goes: one update block of each study model, with and without the
 second-order backward of gradient forces, at the study's width and at EquiformerV2's.
 
-The update block of layer 0 of ``study_forces.py``'s est models (``eqv2-tiny``,
+The update block of layer 0 of ``study_forces.py``'s est models (``forces_setup.MODELS``: ``eqv2-tiny``,
 L = 3, the models' own overrides), built through the model config, on ``--atoms``
 atoms in 20-atom molecules, float32, one thread, timed round-robin
 (``bench_est_block.interleaved_times``, median of ``--repeats`` rounds):
@@ -47,14 +47,14 @@ WIDTHS = ((32, 64), (128, 128))
 
 def update_block(model: str, channels: int, ffn_hidden: int):
     """Layer 0's update block of the study model ``model`` at the given width (random weights, train mode)."""
-    import study_forces as sf
+    import forces_setup as fs
     from omegaconf import OmegaConf
 
     from est.train import load_config
     from est.train.loading import build_model_from_config
 
     model, extra = VARIANTS.get(model, (model, []))
-    cfg = load_config([*sf.SHAPE, *sf.MODELS[model], "model.avg_num_nodes=20", "model.avg_degree=14",
+    cfg = load_config([*fs.SHAPE, *fs.MODELS[model], "model.avg_num_nodes=20", "model.avg_degree=14",
                        f"model.channels={channels}", f"model.ffn_hidden_channels={ffn_hidden}", *extra], check=False)
     net = build_model_from_config({"model": OmegaConf.to_container(cfg.model, resolve=True)})
     return next(m for name, m in net.named_modules() if name.endswith("update_blocks.0")).train()

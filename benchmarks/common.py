@@ -53,6 +53,18 @@ def print_table(rows: list[dict], columns: list[str], title: str) -> str:
     return text
 
 
+def save_figure(fig, path: Path, *, title: str | None = None, fontsize: int = 9) -> Path:
+    """``fig`` (matplotlib) with ``title`` on top, laid out tight, as a PNG at 110 dpi in ``path``; closed."""
+    import matplotlib.pyplot as plt
+
+    if title:
+        fig.suptitle(title, fontsize=fontsize)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
 def markdown_table(rows: list[dict[str, Any]], cols: list[str]) -> str:
     """Rows as a Markdown table (missing cells empty), not printed."""
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]

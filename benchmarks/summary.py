@@ -39,7 +39,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common import EST_UNCAPPED_LABEL, RESULTS, load, markdown_table, mean_sd, paired
+from common import EST_UNCAPPED_LABEL, RESULTS, load, markdown_table, mean_sd, paired, save_figure
 
 HERE = Path(__file__).resolve().parent
 README = HERE.parent / "README.md"
@@ -162,12 +162,8 @@ def plot_accuracy(acc: dict[str, Any], plots: Path) -> list[Path]:
                 ax.plot([i] * len(vals), vals, "k.", ms=4)
             ax.set_xticks(range(len(models)), models, rotation=60, ha="right", fontsize=7)
             ax.set_title(title, fontsize=9)
-        fig.suptitle(f"{data}: {per_model[models[0]][0]['split']} MAE at equal budget (bars: mean, dots: seeds)", fontsize=9)
-        fig.tight_layout()
-        path = plots / f"accuracy_{data}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(save_figure(fig, plots / f"accuracy_{data}.png", title=f"{data}: {per_model[models[0]][0]['split']} "
+                                   "MAE at equal budget (bars: mean, dots: seeds)"))
     return written
 
 
@@ -192,11 +188,7 @@ def plot_speed(vs: dict[str, Any], plots: Path) -> list[Path]:
     ax.set_ylabel("training step speedup vs fairchem")
     ax.set_ylim(0, 1.9)
     ax.legend(fontsize=7, ncol=3, loc="upper center")
-    fig.tight_layout()
-    path = plots / "speed_vs_fairchem.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
+    return [save_figure(fig, plots / "speed_vs_fairchem.png")]
 
 
 def replace_blocks(text: str, blocks: dict[str, str]) -> tuple[str, list[str]]:
@@ -269,7 +261,7 @@ def main(argv=None) -> int:
     forces = load("forces")
     if forces:
         sys.path.insert(0, str(HERE))
-        from study_forces import tables as forces_tables
+        from forces_tables import tables as forces_tables
 
         for name, tbl in forces_tables(forces["runs"], clock=forces.get("clock", "cpu")).items():
             blocks[name] = tbl

@@ -11,16 +11,32 @@ import pytest
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
+#: the study's modules: its setup, tables and clocks, and the driver
+MODULES = {"fs": "forces_setup", "ft": "forces_tables", "fc": "forces_clock", "sf": "study_forces"}
+
+
 @pytest.fixture(scope="module")
-def sf():
+def study():
     mp = pytest.MonkeyPatch()
     mp.syspath_prepend(str(BENCH / "baseline"))
     mp.syspath_prepend(str(BENCH))
     try:
-        yield importlib.import_module("study_forces")
+        yield {key: importlib.import_module(name) for key, name in MODULES.items()}
     finally:
         mp.undo()
-        sys.modules.pop("study_forces", None)
+        for name in MODULES.values():
+            sys.modules.pop(name, None)
+
+
+def _module_fixture(key: str):
+    """The fixture ``key`` (``sf``, ``fs``, ``ft``, ``fc``): that module of the study."""
+    @pytest.fixture(scope="module", name=key)
+    def module(study):
+        return study[key]
+    return module
+
+
+fs_fixture, ft_fixture, fc_fixture, sf_fixture = (_module_fixture(key) for key in MODULES)
 
 
 def curve(step_s: float, maes: list[float], every: int = 10) -> list[dict]:
@@ -36,44 +52,44 @@ def record(model: str, seed: int, forces: float, crv: list[dict], *, drift: floa
             "md": {"drift_meV_atom_ps": drift, "intact": intact}}
 
 
-def test_split_holds_out_the_end_of_the_training_trajectory(sf):
-    train, val = sf.split_indices(2000, sf.FULL)
+def test_split_holds_out_the_end_of_the_training_trajectory(fs):
+    train, val = fs.split_indices(2000, fs.FULL)
     assert (len(train), len(val)) == (1900, 100) and train[-1] == 1899 and val == list(range(1900, 2000))
-    train, val = sf.split_indices(2000, sf.QUICK)
+    train, val = fs.split_indices(2000, fs.QUICK)
     assert (len(train), len(val), val[0]) == (48, 16, 1984)
     with pytest.raises(ValueError, match="train_frames / val_frames"):
-        sf.split_indices(40, sf.QUICK)
-    assert sf.FULL.md_steps == 20000 and sf.FULL.md_every == 10 and sf.QUICK.md_steps == 200
+        fs.split_indices(40, fs.QUICK)
+    assert fs.FULL.md_steps == 20000 and fs.FULL.md_every == 10 and fs.QUICK.md_steps == 200
 
 
-def test_curve_value_interpolates_inside_and_is_nan_outside(sf):
+def test_curve_value_interpolates_inside_and_is_nan_outside(ft):
     c = curve(1.0, [40.0, 20.0, 10.0])  # CPU seconds 10, 20, 30
-    assert sf.curve_value(c, 15.0) == pytest.approx(30.0)
-    assert sf.curve_value(c, 30.0) == pytest.approx(10.0)
-    assert sf.curve_value(c, 30.0, clock="wall") == pytest.approx(30.0)  # wall seconds 20, 40, 60
-    assert sf.curve_value(c, 25.0, key="step") == pytest.approx(25.0)
-    assert math.isnan(sf.curve_value(c, 5.0)) and math.isnan(sf.curve_value(c, 31.0)) and math.isnan(sf.curve_value([], 1.0))
-    assert sf.curve_end(c, "cpu") == 30.0 and math.isnan(sf.curve_end([], "cpu"))
+    assert ft.curve_value(c, 15.0) == pytest.approx(30.0)
+    assert ft.curve_value(c, 30.0) == pytest.approx(10.0)
+    assert ft.curve_value(c, 30.0, clock="wall") == pytest.approx(30.0)  # wall seconds 20, 40, 60
+    assert ft.curve_value(c, 25.0, key="step") == pytest.approx(25.0)
+    assert math.isnan(ft.curve_value(c, 5.0)) and math.isnan(ft.curve_value(c, 31.0)) and math.isnan(ft.curve_value([], 1.0))
+    assert ft.curve_end(c, "cpu") == 30.0 and math.isnan(ft.curve_end([], "cpu"))
 
 
-def test_equal_time_reads_both_curves_at_the_shorter_run(sf):
+def test_equal_time_reads_both_curves_at_the_shorter_run(ft):
     fast = [record("est-half", 0, 9.0, curve(1.0, [40.0, 20.0, 10.0])), record("est-half", 1, 9.0, curve(1.0, [30.0, 15.0, 12.0]))]
     slow = [record("est-ffn", 0, 8.0, curve(2.0, [30.0, 20.0, 8.0])), record("est-ffn", 2, 8.0, curve(2.0, [1.0, 1.0, 1.0]))]
-    (only,) = sf.equal_time(fast, slow)  # seed 1 has no partner
+    (only,) = ft.equal_time(fast, slow)  # seed 1 has no partner
     assert only["seed"] == 0 and only["T"] == 30.0  # the fast run ends at 30 s; the slow one is between 20 s and 40 s
     assert only["value"] == pytest.approx(10.0) and only["base"] == pytest.approx(25.0)
     assert only["ratio"] == pytest.approx(0.4) and only["steps"] == pytest.approx(30.0)
-    ratios, wins = sf.paired(fast, slow, "forces_mae_meV_A")  # equal steps: test MAE per seed
+    ratios, wins = ft.paired(fast, slow, "forces_mae_meV_A")  # equal steps: test MAE per seed
     assert ratios == [pytest.approx(9.0 / 8.0)] and wins == 0
 
 
-def test_tables_render_ratios_target_and_missing_models(sf):
+def test_tables_render_ratios_target_and_missing_models(ft):
     runs = {"ethanol": {
         "est-ffn": [record("est-ffn", s, 10.0, curve(2.0, [30.0, 20.0, 10.0])) for s in (0, 1)],
         "est-default": [record("est-default", s, 8.0, curve(1.0, [20.0, 10.0, 8.0]), intact=s == 0) for s in (0, 1)],
         "mace": [record("mace", s, 5.0, curve(4.0, [12.0, 6.0, 5.0])) for s in (0, 1)],
     }}
-    t = sf.tables(runs)
+    t = ft.tables(runs)
     assert set(t) == {"forces-ethanol", "forces-ethanol-time", "forces-overview"}
     steps = t["forces-ethanol"].splitlines()
     assert steps[0].startswith("| model | params | seeds | energy (meV/atom) | forces (meV/A)")
@@ -87,22 +103,22 @@ def test_tables_render_ratios_target_and_missing_models(sf):
     assert "0.32 0.32 (2/2 lower)" in row and "| n/a n/a |" in row
     assert "Target (issue 17): est-default / est-ffn" in time_text and "mean 0.32, 2/2 seeds within: met." in time_text
     # no EquiformerV2 row: no ratios, no target line, own curve ends
-    t2 = sf.tables({"ethanol": {"est-default": runs["ethanol"]["est-default"]}})
+    t2 = ft.tables({"ethanol": {"est-default": runs["ethanol"]["est-default"]}})
     assert "Target" not in t2["forces-ethanol-time"] and "lower" not in t2["forces-ethanol"]
 
 
-def test_step_cost_clock_uses_interleaved_costs_and_falls_back_for_mace(sf):
+def test_step_cost_clock_uses_interleaved_costs_and_falls_back_for_mace(ft, fc):
     """Runs made under different machine loads: the default clock is steps x each model's interleaved step
     cost, not each run's own CPU seconds (MACE, which cannot be interleaved, keeps its own run's cost)."""
     runs = {"ethanol": {"est-ffn": [record("est-ffn", 0, 10.0, curve(5.0, [30.0, 20.0, 10.0]))],
                         "est-default": [record("est-default", 0, 8.0, curve(9.0, [20.0, 10.0, 8.0]))],
                         "mace": [record("mace", 0, 5.0, curve(4.0, [12.0, 6.0, 5.0]))]}}
-    sf.with_step_cost_clock(runs, {"ethanol": {"est-ffn": {"cpu_s": 2.0}, "est-default": {"cpu_s": 1.0}}})
+    fc.with_step_cost_clock(runs, {"ethanol": {"est-ffn": {"cpu_s": 2.0}, "est-default": {"cpu_s": 1.0}}})
     d = runs["ethanol"]["est-default"][0]
     assert [p["cost_seconds"] for p in d["curve"]] == [10.0, 20.0, 30.0] and d["step_cost_source"] == "interleaved"
     mace = runs["ethanol"]["mace"][0]
     assert mace["step_cost_s"] == pytest.approx(0.01) and mace["step_cost_source"] == "own run"
-    t = sf.tables(runs, clock="step-cost")
+    t = ft.tables(runs, clock="step-cost")
     # est-default ends at 30 s (30 steps); est-ffn at 2 s/step is then at 15 steps (25 meV/A): 8 / 25
     row = next(x for x in t["forces-ethanol-time"].splitlines() if "EST default" in x)
     assert "| 0.32 (1/1 lower) |" in row
@@ -112,14 +128,14 @@ def test_step_cost_clock_uses_interleaved_costs_and_falls_back_for_mace(sf):
     assert "(own runs)" in next(x for x in steps if x.startswith("| MACE"))
     # MACE timed by mace_step_cost right after the est models: its curve on the same clock
     runs["ethanol"]["mace"][0]["curve"] = curve(4.0, [12.0, 6.0, 5.0])
-    sf.with_step_cost_clock(runs, {"ethanol": {"est-ffn": {"cpu_s": 2.0}, "est-default": {"cpu_s": 1.0},
+    fc.with_step_cost_clock(runs, {"ethanol": {"est-ffn": {"cpu_s": 2.0}, "est-default": {"cpu_s": 1.0},
                                                "mace": {"cpu_s": 3.0, "source": "MACE run_train"}}})
     assert mace["step_cost_source"] == "MACE run_train" and [p["cost_seconds"] for p in mace["curve"]] == [30.0, 60.0, 90.0]
-    assert "| 3000 |" in next(x for x in sf.tables(runs, clock="step-cost")["forces-ethanol"].splitlines()
+    assert "| 3000 |" in next(x for x in ft.tables(runs, clock="step-cost")["forces-ethanol"].splitlines()
                               if x.startswith("| MACE"))
 
 
-def test_overview_has_two_ratio_columns_per_molecule_with_a_reference(sf):
+def test_overview_has_two_ratio_columns_per_molecule_with_a_reference(ft):
     runs = {
         "ethanol": {"est-ffn": [record("est-ffn", s, 10.0, curve(2.0, [30.0, 20.0, 10.0])) for s in (0, 1)],
                     "est-default": [record("est-default", 0, 8.0, curve(1.0, [20.0, 10.0, 8.0])),
@@ -129,7 +145,7 @@ def test_overview_has_two_ratio_columns_per_molecule_with_a_reference(sf):
                           "est-default": [record("est-default", 0, 30.0, curve(1.0, [20.0, 10.0, 8.0]))]},
         "aspirin": {"est-default": [record("est-default", 0, 30.0, curve(1.0, [20.0, 10.0, 8.0]))]},  # no reference
     }
-    text = sf.tables(runs)["forces-overview"]
+    text = ft.tables(runs)["forces-overview"]
     lines = text.splitlines()
     assert lines[0] == ("| model | ethanol: equal steps | ethanol: equal time | malonaldehyde: equal steps | "
                         "malonaldehyde: equal time |")
@@ -141,10 +157,10 @@ def test_overview_has_two_ratio_columns_per_molecule_with_a_reference(sf):
     # EquiformerV2 at 10; no MACE run on malonaldehyde: empty cells
     assert mace == "| MACE (L=2, 64 ch) | 0.50 (1/1 lower) | 0.90 (1/1 lower) |  |  |"
     assert not any("EquiformerV2 (`update" in x for x in lines[2:])  # the reference has no row of its own
-    assert "forces-overview" not in sf.tables({"aspirin": runs["aspirin"]})
+    assert "forces-overview" not in ft.tables({"aspirin": runs["aspirin"]})
 
 
-def test_fresh_root_takes_the_recorded_step_costs_without_timing(sf, monkeypatch, tmp_path):
+def test_fresh_root_takes_the_recorded_step_costs_without_timing(fs, fc, sf, monkeypatch, tmp_path):
     """A clone without ``runs/forces`` must not re-time the committed runs on its own machine (the equal-time
     tables would then move with the machine): the costs recorded in forces.json are used; a model they lack
     is still calibrated."""
@@ -155,48 +171,48 @@ def test_fresh_root_takes_the_recorded_step_costs_without_timing(sf, monkeypatch
     recorded = {"aspirin": {"est-ffn": {"cpu_s": 2.0}, "mace": {"cpu_s": 3.0, "source": "MACE run_train"}}}
     (tmp_path / "forces.json").write_text(json.dumps({"runs": {}, "step_costs": recorded}))
     timed = []
-    monkeypatch.setattr(sf, "calibrate", lambda molecule, models, *a, **k: timed.append(models) or
+    monkeypatch.setattr(fc, "calibrate", lambda molecule, models, *a, **k: timed.append(models) or
                         {m: {"cpu_s": 9.0} for m in models})
     monkeypatch.setattr(sf.mb, "available", lambda: False)  # MACE not re-timed here
     root = tmp_path / "root"
-    assert sf.step_costs(root, "aspirin", ["est-ffn"], tmp_path, sf.FULL) == recorded["aspirin"]
+    assert fc.step_costs(root, "aspirin", ["est-ffn"], tmp_path, fs.FULL) == recorded["aspirin"]
     assert timed == [] and not (root / "aspirin" / "step_costs.json").exists()
-    assert sf.recorded_step_costs("ethanol") == {}
-    costs = sf.step_costs(root, "aspirin", ["est-ffn", "est-default"], tmp_path, sf.FULL)
+    assert fc.recorded_step_costs("ethanol") == {}
+    costs = fc.step_costs(root, "aspirin", ["est-ffn", "est-default"], tmp_path, fs.FULL)
     assert timed == [["est-default", "est-ffn"]] and costs["est-default"]["cpu_s"] == 9.0
 
 
-def test_time_runs_train_the_steps_that_cost_what_the_references_cost(sf, monkeypatch, tmp_path):
+def test_time_runs_train_the_steps_that_cost_what_the_references_cost(fs, fc, monkeypatch, tmp_path):
     """``est-default@time``: est-default's overrides, a step budget = 1,500 x c_ffn / c_default, fixed in the
     run folder at the first start (a later re-timing does not move a run under way)."""
     costs = {"est-ffn": {"cpu_s": 0.45}, "est-default": {"cpu_s": 0.54}}
-    assert sf.timed_steps(costs, "est-default@time", sf.FULL) == 1250
-    assert sf.base_model("est-default@time") == "est-default" and sf.is_timed("est-half@time") and not sf.is_timed("est-half")
-    assert "est-default@time" in sf.MODEL_CHOICES and "est-ffn@time" not in sf.MODEL_CHOICES and "mace@time" not in sf.MODEL_CHOICES
-    cli = sf.est_overrides("est-default@time", tmp_path, "ethanol", 0, tmp_path / "rd", sf.FULL, steps=1250)
+    assert fs.timed_steps(costs, "est-default@time", fs.FULL) == 1250
+    assert fs.base_model("est-default@time") == "est-default" and fs.is_timed("est-half@time") and not fs.is_timed("est-half")
+    assert "est-default@time" in fs.MODEL_CHOICES and "est-ffn@time" not in fs.MODEL_CHOICES and "mace@time" not in fs.MODEL_CHOICES
+    cli = fs.est_overrides("est-default@time", tmp_path, "ethanol", 0, tmp_path / "rd", fs.FULL, steps=1250)
     assert "trainer.max_steps=1250" in cli and "trainer.warmup_steps=41" in cli and "model.est.preset=default" in cli
-    assert "trainer.max_steps=1500" in sf.est_overrides("est-default", tmp_path, "ethanol", 0, tmp_path, sf.FULL)
+    assert "trainer.max_steps=1500" in fs.est_overrides("est-default", tmp_path, "ethanol", 0, tmp_path, fs.FULL)
     seen = []
-    monkeypatch.setattr(sf, "step_costs", lambda root, molecule, models, *a, **k: seen.append(models) or costs)
+    monkeypatch.setattr(fc, "step_costs", lambda root, molecule, models, *a, **k: seen.append(models) or costs)
     rd = tmp_path / "ethanol" / "est-default@time-s0"
-    tb = sf.time_budget(tmp_path, "ethanol", "est-default@time", tmp_path, sf.FULL, rd)
+    tb = fc.time_budget(tmp_path, "ethanol", "est-default@time", tmp_path, fs.FULL, rd)
     assert tb == {"steps": 1250, "seconds": pytest.approx(675.0), "step_cost_s": 0.54, "reference_step_cost_s": 0.45}
     assert seen == [["est-ffn", "est-default"]] and (rd / "time_budget.json").exists()
     costs["est-default"]["cpu_s"] = 0.9  # re-timed later: the run keeps its budget
-    assert sf.time_budget(tmp_path, "ethanol", "est-default@time", tmp_path, sf.FULL, rd)["steps"] == 1250
+    assert fc.time_budget(tmp_path, "ethanol", "est-default@time", tmp_path, fs.FULL, rd)["steps"] == 1250
 
 
-def test_time_runs_take_their_models_step_cost_and_the_test_set_target_line(sf):
+def test_time_runs_take_their_models_step_cost_and_the_test_set_target_line(ft, fc):
     runs = {"ethanol": {
         "est-ffn": [record("est-ffn", s, 10.0, curve(2.0, [30.0, 20.0, 10.0])) for s in (0, 1)],
         "est-default@time": [record("est-default@time", s, f, curve(1.0, [20.0, 10.0, 8.0])) | {"steps": 25}
                              for s, f in ((0, 8.0), (1, 9.5))],
         "est-default": [record("est-default", s, 9.0, curve(1.0, [20.0, 10.0, 8.0])) for s in (0, 1)],
     }}
-    sf.with_step_cost_clock(runs, {"ethanol": {"est-ffn": {"cpu_s": 2.0}, "est-default": {"cpu_s": 2.4}}})
+    fc.with_step_cost_clock(runs, {"ethanol": {"est-ffn": {"cpu_s": 2.0}, "est-default": {"cpu_s": 2.4}}})
     timed = runs["ethanol"]["est-default@time"][0]
     assert timed["step_cost_s"] == 2.4 and timed["curve"][-1]["cost_seconds"] == pytest.approx(72.0)
-    t = sf.tables(runs, clock="step-cost")
+    t = ft.tables(runs, clock="step-cost")
     lines = t["forces-ethanol"].splitlines()
     names = [x.split(" | ")[0] for x in lines[2:]]
     assert names[1:] == ["| est EST default (spherical Transformer only)",
@@ -217,44 +233,44 @@ def test_force_metrics_keep_each_frames_force_mae(sf):
     assert m["forces_mae_meV_A"] == pytest.approx((6 * 3.0 + 9 * 1.0) / 15)
 
 
-def test_frame_ratio_is_the_mae_ratio_with_a_paired_block_bootstrap_interval(sf):
+def test_frame_ratio_is_the_mae_ratio_with_a_paired_block_bootstrap_interval(ft):
     import numpy as np
 
     rng = np.random.default_rng(1)
     base = list(rng.uniform(40, 80, 500))
-    assert sf.frame_ratio([0.9 * x for x in base], base) == pytest.approx((0.9, 0.9, 0.9))  # paired: no spread
+    assert ft.frame_ratio([0.9 * x for x in base], base) == pytest.approx((0.9, 0.9, 0.9))  # paired: no spread
     noisy = [x * y for x, y in zip(base, rng.uniform(0.7, 1.1, 500))]
-    ratio, lo, hi = sf.frame_ratio(noisy, base)
+    ratio, lo, hi = ft.frame_ratio(noisy, base)
     assert ratio == pytest.approx(sum(noisy) / sum(base)) and lo < ratio < hi and 0.005 < hi - lo < 0.05
-    assert sf.frame_ratio(noisy, base) == (ratio, lo, hi)  # seeded
-    assert sf.frame_ratio(noisy, base, block=100)[1:] != (lo, hi)
+    assert ft.frame_ratio(noisy, base) == (ratio, lo, hi)  # seeded
+    assert ft.frame_ratio(noisy, base, block=100)[1:] != (lo, hi)
     with pytest.raises(ValueError, match="different frames"):
-        sf.frame_ratio(noisy[:-1], base)
-    assert sf.block_means([1.0] * 100 + [3.0] * 100 + [5.0] * 50) == [1.0, 3.0, 5.0]
+        ft.frame_ratio(noisy[:-1], base)
+    assert ft.block_means([1.0] * 100 + [3.0] * 100 + [5.0] * 50) == [1.0, 3.0, 5.0]
 
 
-def test_tables_show_the_frame_by_frame_comparison_where_both_runs_have_it(sf):
+def test_tables_show_the_frame_by_frame_comparison_where_both_runs_have_it(ft, sf):
     key = sf.mb.FRAMES_KEY
     ffn = [record("est-ffn", s, 10.0, curve(2.0, [30.0, 20.0, 10.0])) for s in (0, 1)]
     est = [record("est-default", s, 8.0, curve(1.0, [20.0, 10.0, 8.0])) for s in (0, 1)]
-    assert "interval" not in sf.tables({"ethanol": {"est-ffn": ffn, "est-default": est}})["forces-ethanol"]
+    assert "interval" not in ft.tables({"ethanol": {"est-ffn": ffn, "est-default": est}})["forces-ethanol"]
     ffn[0]["metrics"][key] = [10.0] * 150 + [20.0] * 50
     est[0]["metrics"][key] = [8.0] * 150 + [16.0] * 50
     est[1]["metrics"][key] = [8.0] * 200  # seed 1's reference has no per-frame errors: no row
-    text = sf.tables({"ethanol": {"est-ffn": ffn, "est-default": est}})["forces-ethanol"]
+    text = ft.tables({"ethanol": {"est-ffn": ffn, "est-default": est}})["forces-ethanol"]
     rows = [x for x in text.splitlines() if x.startswith("| est EST default") and "0.800" in x]
     assert rows == ["| est EST default (spherical Transformer only) | 0 | 0.800 | 0.800 - 0.800 | 8.0 / 12.0 | 10.0 / 15.0 |"]
 
 
-def test_cached_recomputes_a_value_written_before_a_required_key(sf, tmp_path):
+def test_cached_recomputes_a_value_written_before_a_required_key(fs, tmp_path):
     path = tmp_path / "test.json"
     path.write_text('{"forces_mae_meV_A": 1.0}')
-    assert sf.cached(path, lambda: {"x": 1}) == {"forces_mae_meV_A": 1.0}
-    assert sf.cached(path, lambda: {"forces_mae_meV_A": 1.0, "frames": [1.0]}, require="frames")["frames"] == [1.0]
-    assert sf.cached(path, lambda: 1 / 0, require="frames")["frames"] == [1.0]
+    assert fs.cached(path, lambda: {"x": 1}) == {"forces_mae_meV_A": 1.0}
+    assert fs.cached(path, lambda: {"forces_mae_meV_A": 1.0, "frames": [1.0]}, require="frames")["frames"] == [1.0]
+    assert fs.cached(path, lambda: 1 / 0, require="frames")["frames"] == [1.0]
 
 
-def test_refresh_metrics_replaces_only_the_test_metrics_of_an_old_record(sf, monkeypatch, tmp_path):
+def test_refresh_metrics_replaces_only_the_test_metrics_of_an_old_record(fs, sf, monkeypatch, tmp_path):
     import json
 
     old = {"forces_mae_meV_A": 11.0, "energy_mae_meV_atom": 1.0, "model": "m.model", "xyz": "test.xyz", "dtype": "float64"}
@@ -263,8 +279,8 @@ def test_refresh_metrics_replaces_only_the_test_metrics_of_an_old_record(sf, mon
     calls = []
     new = dict(old, **{sf.mb.FRAMES_KEY: [10.0, 12.0]})
     monkeypatch.setattr(sf.mb, "run_in_venv", lambda *argv: calls.append(argv) or new)
-    assert sf.refresh_metrics(tmp_path, tmp_path, sf.FULL)
+    assert sf.refresh_metrics(tmp_path, tmp_path, fs.FULL)
     assert calls == [("evaluate", "--model", "m.model", "--xyz", "test.xyz", "--dtype", "float64")]
     after = json.loads((tmp_path / "result.json").read_text())
     assert after == dict(rec, metrics=new) and json.loads((tmp_path / "test.json").read_text()) == new
-    assert not sf.refresh_metrics(tmp_path, tmp_path, sf.FULL) and len(calls) == 1  # already there: nothing to do
+    assert not sf.refresh_metrics(tmp_path, tmp_path, fs.FULL) and len(calls) == 1  # already there: nothing to do

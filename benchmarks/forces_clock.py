@@ -1,0 +1,202 @@
+"""The force study's clocks (``study_forces.py``): optimisation seconds of a run (:class:`TrainingClock`),
+the step costs of the models timed round-robin (:func:`calibrate`, :func:`step_costs`; MACE's in its venv,
+:func:`mace_step_cost`), the step-cost clock on the curves and the step budget of a ``<model>@time`` run."""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import common
+from forces_setup import (MACE, REFERENCE, Budget, base_model, cached, est_datasets, est_overrides, mace_files, mb,
+                          molecule_dir, timed_steps)
+
+
+class TrainingClock:
+    """Optimisation seconds of an ``est.train.Trainer`` (wall and CPU), evaluations excluded.
+
+    Wraps the trainer's public ``evaluate`` and ``on_step_end``: each validation
+    evaluation adds a learning-curve point ``{"step", "seconds", "cpu_seconds",
+    forces_mae_meV_A, energy_mae_meV_atom, forces_cos}`` timed when it starts;
+    the time from there to the end of that step (evaluation, checkpoint writes)
+    is not counted. Points are appended to ``path`` (JSON lines) as they come;
+    a resumed trainer keeps the points up to its step and continues the clock
+    from the last one (steps after it, saved at an interruption, are counted at
+    the mean rate so far).
+    """
+
+    def __init__(self, trainer, path: Path, natoms: int):
+        self.trainer, self.path, self.natoms = trainer, Path(path), natoms
+        old = [json.loads(x) for x in self.path.read_text().splitlines() if x.strip()] if self.path.exists() else []
+        self.points = [p for p in old if p["step"] <= trainer.step]
+        self.path.write_text("".join(json.dumps(p) + "\n" for p in self.points))
+        self.offset = (0.0, 0.0)
+        if self.points:
+            last = self.points[-1]
+            scale = trainer.step / last["step"]
+            self.offset = (last["seconds"] * scale, last["cpu_seconds"] * scale)
+        self._evaluate = trainer.evaluate
+        trainer.evaluate = self._timed_evaluate
+        trainer.on_step_end = self._step_end
+        self._start = self._paused = None
+        self.excluded = [0.0, 0.0]
+
+    @staticmethod
+    def _now() -> tuple[float, float]:
+        return time.perf_counter(), time.process_time()
+
+    def start(self) -> None:
+        self._start = self._now()
+
+    def elapsed(self) -> tuple[float, float]:
+        """(wall, CPU) optimisation seconds so far."""
+        now = self._paused or self._now()
+        return tuple(self.offset[i] + now[i] - self._start[i] - self.excluded[i] for i in range(2))
+
+    def _resume(self) -> None:
+        if self._paused is not None:
+            now = self._now()
+            self.excluded = [self.excluded[i] + now[i] - self._paused[i] for i in range(2)]
+            self._paused = None
+
+    def _step_end(self, trainer) -> None:
+        self._resume()
+
+    def _timed_evaluate(self, split: str = "val", **kw):
+        if split != "val" or kw.get("module") is not None or kw.get("collect") or self._start is None:
+            return self._evaluate(split, **kw)
+        wall, cpu = self.elapsed()
+        self._paused = self._now()
+        m = self._evaluate(split, **kw)
+        point = {"step": self.trainer.step, "seconds": wall, "cpu_seconds": cpu,
+                 "forces_mae_meV_A": 1000.0 * m["forces_mae"], "energy_mae_meV_atom": 1000.0 * m["energy_mae"] / self.natoms,
+                 "forces_cos": m["forces_cos"]}
+        self.points.append(point)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(point) + "\n")
+        return m
+
+    def stop(self) -> tuple[float, float]:
+        self._resume()
+        return self.elapsed()
+
+
+def steady_ms_per_step(curve: list[dict], key: str = "cpu_seconds") -> float:
+    """Milliseconds per step between the first and the last curve point (start-up and first steps excluded)."""
+    if len(curve) < 2:
+        return 1000.0 * curve[-1][key] / curve[-1]["step"] if curve else math.nan
+    return 1000.0 * (curve[-1][key] - curve[0][key]) / (curve[-1]["step"] - curve[0]["step"])
+
+
+def calibrate(molecule: str, models: list[str], data_dir: Path, budget: Budget, *, rounds: int = 7,
+              warmup: int = 2) -> dict[str, dict[str, float]]:
+    """``{model: {"cpu_s", "wall_s"}}``: median seconds of one optimisation step of each est model, timed
+    round-robin (every model once per round, the same training batch) in this process on one thread, so
+    that the machine's load falls on all models alike and their ratio is fair."""
+    import tempfile
+
+    import torch
+
+    from est.train import Trainer, load_config
+    from est.train.data import make_loader
+
+    torch.set_num_threads(1)
+    datasets = est_datasets(data_dir, molecule, budget)
+    times: dict[str, dict[str, list[float]]] = {m: {"cpu_s": [], "wall_s": []} for m in models}
+    with tempfile.TemporaryDirectory() as tmp:
+        trainers = {m: Trainer(load_config(est_overrides(m, data_dir, molecule, 0, Path(tmp) / m, budget)),
+                               datasets=datasets) for m in models}
+        first = trainers[models[0]]
+        batches = iter(make_loader(first.train_ds, first.sampler))
+        for r in range(warmup + rounds):
+            batch = next(batches)
+            for m, trainer in trainers.items():
+                w0, c0 = time.perf_counter(), time.process_time()
+                trainer.train_step(batch)
+                if r >= warmup:
+                    times[m]["wall_s"].append(time.perf_counter() - w0)
+                    times[m]["cpu_s"].append(time.process_time() - c0)
+    return {m: {k: statistics.median(v) for k, v in t.items()} | {"rounds": rounds} for m, t in times.items()}
+
+
+def mace_step_cost(molecule: str, data_dir: Path, root: Path, budget: Budget, *, dtype: str = "float64",
+                   steps: int = 12, warmup: int = 3) -> dict[str, Any]:
+    """``{"cpu_s", "wall_s", "steps", "source"}``: seconds of one MACE optimisation step on one thread, the
+    median of MACE's own per-step times (its results file) over ``steps`` steps after ``warmup``, from one
+    epoch of ``run_train`` with the study's config and batch size on the first ``(warmup + steps) x batch``
+    training frames, in a temporary folder (the study's runs are not touched). On one thread the step's
+    wall time is its CPU time."""
+    import tempfile
+
+    files = mace_files(data_dir, molecule, root, budget)
+    with tempfile.TemporaryDirectory() as tmp:
+        sub = Path(tmp) / "train.xyz"
+        mb.export_xyz(molecule_dir(data_dir, molecule) / "train", sub, limit=(warmup + steps) * budget.batch_size)
+        cfg = mb.MaceTrainConfig(seed=0, epochs=1, threads=1, batch_size=budget.batch_size, default_dtype=dtype)
+        mb.train(cfg, train_xyz=str(sub), test_xyz=None, valid_xyz=files["valid"], run_dir=str(Path(tmp) / "mace"))
+        times = [t for epoch in mb.epoch_step_times(Path(tmp) / "mace").values() for t in epoch][warmup:]
+    if len(times) < steps:
+        raise RuntimeError(f"MACE logged {len(times) + warmup} step times, {warmup + steps} expected")
+    t = statistics.median(times)
+    return {"cpu_s": t, "wall_s": t, "steps": len(times), "source": f"MACE run_train, {dtype}, median of {len(times)} steps"}
+
+
+def step_costs(root: Path, molecule: str, models: list[str], data_dir: Path, budget: Budget, *,
+               fresh: bool = False, mace_dtype: str = "float64") -> dict[str, dict[str, float]]:
+    """The stored step costs of ``ROOT/<molecule>/step_costs.json``, calibrated (the est models together,
+    round-robin, then MACE, so they stay comparable) when one of ``models`` is missing or ``fresh``. A root
+    without the file (a fresh clone, another machine) starts from the costs recorded in
+    ``benchmarks/results/forces.json`` (``step_costs``), so ``--tables-only`` there reproduces the committed
+    tables instead of re-timing the runs on a machine they never ran on."""
+    path = Path(root) / molecule / "step_costs.json"
+    stored = json.loads(path.read_text()) if path.exists() else recorded_step_costs(molecule)
+    wanted = sorted(set(models) | set(stored))
+    if fresh or any(m not in stored for m in models):
+        from est.data.cache import atomic_json
+
+        est_models, time_mace = [m for m in wanted if m != MACE], MACE in wanted and mb.available()
+        print(f"[forces] {molecule}: timing one training step of {', '.join(est_models)} round-robin"
+              + (", then MACE's" if time_mace else ""), flush=True)
+        stored = calibrate(molecule, est_models, data_dir, budget)
+        if time_mace:
+            stored[MACE] = mace_step_cost(molecule, data_dir, root, budget, dtype=mace_dtype)
+        atomic_json(str(path), stored)
+    return stored
+
+
+def recorded_step_costs(molecule: str) -> dict[str, dict[str, Any]]:
+    """``{model: {"cpu_s", ...}}`` of ``molecule`` from the ``step_costs`` of the committed
+    ``benchmarks/results/forces.json``; empty when there is none."""
+    return dict((common.load("forces") or {}).get("step_costs", {}).get(molecule, {}))
+
+
+def with_step_cost_clock(results: dict[str, dict[str, list[dict]]], costs: dict[str, dict[str, dict]]) -> None:
+    """Add ``cost_seconds`` (steps x seconds per step) to every curve point, in place: the calibrated cost
+    ``costs[molecule][model]`` (est models: interleaved; MACE: :func:`mace_step_cost`), else the run's own CPU
+    seconds per step."""
+    for molecule, per_model in results.items():
+        for model, recs in per_model.items():
+            for r in recs:
+                cal = costs.get(molecule, {}).get(base_model(model))
+                r["step_cost_s"] = cal["cpu_s"] if cal else r.get("cpu_ms_per_step", math.nan) / 1000.0
+                r["step_cost_source"] = cal.get("source", "interleaved") if cal else "own run"
+                for p in r.get("curve") or []:
+                    p["cost_seconds"] = p["step"] * r["step_cost_s"]
+
+
+def time_budget(root: Path, molecule: str, model: str, data_dir: Path, budget: Budget, rd: Path) -> dict[str, Any]:
+    """The step budget of a ``<model>@time`` run, fixed at its first start (``rd/time_budget.json``, so a
+    later ``--calibrate`` does not change a run under way): ``{"steps", "seconds", "step_cost_s",
+    "reference_step_cost_s"}``, ``steps`` = :func:`timed_steps` from the root's step costs (calibrated
+    if missing), ``seconds`` = est-ffn's ``budget.steps`` x its step cost."""
+    def compute() -> dict[str, Any]:
+        costs = step_costs(root, molecule, [REFERENCE, base_model(model)], data_dir, budget)
+        ref = costs[REFERENCE]["cpu_s"]
+        return {"steps": timed_steps(costs, model, budget), "seconds": budget.steps * ref,
+                "step_cost_s": costs[base_model(model)]["cpu_s"], "reference_step_cost_s": ref}
+
+    rd.mkdir(parents=True, exist_ok=True)
+    return cached(rd / "time_budget.json", compute)

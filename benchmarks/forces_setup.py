@@ -1,0 +1,215 @@
+"""The force study's setup (``study_forces.py``): molecules, models, budget, run folders, data and the
+``train.py`` overrides of one est run. No training, no tables."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "baseline"))
+
+import common  # noqa: E402
+import mace_baseline as mb  # noqa: E402
+
+MOLECULES = ("ethanol", "malonaldehyde", "aspirin", "paracetamol")
+#: every est model: the shape and the physics (conservative forces, smooth cutoff, isolated molecules)
+SHAPE = ["model=eqv2_tiny", "model.regress_forces=gradient", "model.envelope=polynomial", "model.max_neighbors=null",
+         "model.use_pbc=false", "model.cutoff=5.0", "model.avg_num_nodes=auto", "model.avg_degree=auto"]
+#: eqv2-tiny's widths halved (32 -> 16 channels and attention hidden channels, 64 -> 32 feed-forward hidden)
+HALF = ["model.channels=16", "model.attn_hidden_channels=16", "model.ffn_hidden_channels=32"]
+MACE = "mace"
+#: model label -> overrides on top of SHAPE (``mace``: the MACE baseline, no overrides)
+MODELS: dict[str, list[str]] = {
+    "est-ffn": ["model.update=ffn"],
+    "est-default": ["model.update=est", "model.est.preset=default"],
+    "est-paper": ["model.update=est", "model.est.preset=paper"],
+    "est-half": ["model.update=est", "model.est.preset=default", *HALF],
+    "est-uncapped": common.EST_UNCAPPED,  # the default without its bound on the attention logits
+    "est-half-uncapped": [*common.EST_UNCAPPED, *HALF],
+    # the default on a degree-14 design (114 points instead of 146): a trained t = 16 model loses nothing
+    # on it (bench_trained_grid.py); does one trained on it, at ~0.8x the attention's points?
+    "est-t14": ["model.update=est", "model.est.preset=default", "model.est.grid.degree=14"],
+    MACE: [],
+}
+LABELS = {"est-ffn": "est EquiformerV2 (`update=\"ffn\"`)", "est-default": "est EST default (spherical Transformer only)",
+          "est-paper": "est EST (paper preset)", "est-half": "est EST default, half width",
+          "est-uncapped": f"est {common.EST_UNCAPPED_LABEL}",
+          "est-half-uncapped": "est EST default, uncapped, half width",
+          "est-t14": "est EST default on a degree-14 design (S = 114)",
+          MACE: "MACE (L=2, 64 ch)"}
+#: models run only when named (--models): the default without its logit bound, the default on a coarser design
+ABLATIONS = ("est-uncapped", "est-half-uncapped", "est-t14")
+REFERENCE = "est-ffn"
+#: ``<model>@time``: ``<model>`` trained for as many steps as fit in est-ffn's time (its 1,500 steps x its step
+#: cost), its schedule ending there (:func:`time_budget`): the equal-time reading on the test set
+TIME_SUFFIX = "@time"
+#: --models choices: every model, and every est model but the reference in EquiformerV2's time
+MODEL_CHOICES = [*MODELS, *(m + TIME_SUFFIX for m in MODELS if m not in (MACE, REFERENCE))]
+#: per run folder: the NVE trajectory's state while it runs (``mace_baseline.nve_md(checkpoint=...)``; resumable)
+MD_STATE = "md_state.json"
+#: issue 17: EST default force MAE <= 0.90x est's EquiformerV2 at equal time (paired seeds)
+TARGET = ("est-default", 0.90)
+#: --clock -> the curve key holding that clock's seconds ("step-cost": steps x the model's interleaved step cost)
+CLOCKS = {"step-cost": "cost_seconds", "cpu": "cpu_seconds", "wall": "seconds"}
+CLOCK_WORDS = {"step-cost": "steps x each model's step time on one thread, the est models timed round-robin, "
+                            "MACE right after",
+               "cpu": "each run's own CPU seconds", "wall": "each run's own wall seconds"}
+CURVE_KEY = "forces_mae_meV_A"
+#: frames per block of the paired bootstrap over the test trajectory (:func:`frame_ratio`), and per shown stretch
+FRAME_BLOCK, SHOW_BLOCK = 25, 100
+
+
+@dataclass(kw_only=True, frozen=True)
+class Budget:
+    """Data, training and MD budget of one run (identical for every model of a root)."""
+
+    steps: int = 1500
+    batch_size: int = 16
+    eval_every: int = 50
+    #: validation frames: the last ones of the training trajectory
+    val_frames: int = 100
+    #: training frames (the first ones); None: all but the validation frames
+    train_frames: int | None = None
+    #: test frames (the first ones); None: all
+    test_frames: int | None = None
+    md_ps: float = 10.0
+    md_timestep_fs: float = 0.5
+    md_temperature_K: float = 300.0
+
+    @property
+    def md_steps(self) -> int:
+        return int(round(1000.0 * self.md_ps / self.md_timestep_fs))
+
+    @property
+    def md_every(self) -> int:
+        """Record the MD energy every this many steps (at most about 2,000 records)."""
+        return max(1, self.md_steps // 2000)
+
+
+FULL = Budget()
+QUICK = Budget(steps=12, eval_every=4, val_frames=16, train_frames=48, test_frames=32, md_ps=0.1)
+
+
+def split_indices(n_train_file: int, budget: Budget) -> tuple[list[int], list[int]]:
+    """(training, validation) indices into the training trajectory: validation is its last ``val_frames``."""
+    n_val = budget.val_frames
+    n_train = n_train_file - n_val if budget.train_frames is None else budget.train_frames
+    if n_val < 1 or n_train < budget.batch_size or n_train + n_val > n_train_file:
+        raise ValueError(f"{n_train_file} training frames cannot hold {n_train} for training (at least one batch of "
+                         f"{budget.batch_size}) and {n_val} for validation. Fix: lower train_frames / val_frames")
+    return list(range(n_train)), list(range(n_train_file - n_val, n_train_file))
+
+
+def base_model(model: str) -> str:
+    """The model a run trains: ``est-default@time`` -> ``est-default``."""
+    return model.removesuffix(TIME_SUFFIX)
+
+
+def is_timed(model: str) -> bool:
+    return model.endswith(TIME_SUFFIX)
+
+
+def label(model: str) -> str:
+    """Table label: the model's, plus "in EquiformerV2's time" for a ``@time`` run."""
+    base = LABELS.get(base_model(model), base_model(model))
+    return f"{base}, trained in EquiformerV2's time" if is_timed(model) else base
+
+
+def timed_steps(costs: dict[str, dict[str, Any]], model: str, budget: Budget) -> int:
+    r"""Steps of ``model`` that cost what ``budget.steps`` of est-ffn cost:
+    :math:`\mathrm{round}(n\,c_\mathrm{ffn} / c_\mathrm{model})` with the step costs ``c`` (CPU seconds)."""
+    return max(1, round(budget.steps * costs[REFERENCE]["cpu_s"] / costs[base_model(model)]["cpu_s"]))
+
+
+def run_dir(root: Path, molecule: str, model: str, seed: int) -> Path:
+    return Path(root) / molecule / f"{model}-s{seed}"
+
+
+def cached(path: Path, compute: Callable[[], Any], *, require: str | None = None) -> Any:
+    """``compute()``, kept in ``path`` (JSON) so that a rerun of the job reuses it; a stored value without the
+    key ``require`` (written before that key existed) is computed again."""
+    if path.exists():
+        value = json.loads(path.read_text())
+        if require is None or require in value:
+            return value
+    value = compute()
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value, indent=1, default=float))
+    os.replace(tmp, path)
+    return value
+
+
+# ------------------------------------------------------------------ data
+def molecule_dir(data_dir: Path, molecule: str) -> Path:
+    d = Path(data_dir) / molecule
+    missing = [p for p in (d / "train", d / "test", d / "relaxed.npz") if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"{', '.join(map(str, missing))} missing. Fix: generate the set with "
+                                f"`python -m est.data.xtb --out {data_dir} --molecules {molecule}` or pass --data-dir")
+    return d
+
+
+def relaxed_atoms(data_dir: Path, molecule: str):
+    """The GFN2-xTB minimum of ``molecule`` (no cell, not periodic): the MD start and the bond reference."""
+    from ase import Atoms
+
+    d = np.load(molecule_dir(data_dir, molecule) / "relaxed.npz")
+    atoms = Atoms(numbers=d["numbers"], positions=d["positions"], pbc=False)
+    atoms.info[mb.ENERGY_KEY] = float(d["energy"])
+    atoms.arrays[mb.FORCES_KEY] = np.asarray(d["forces"], dtype=float)
+    return atoms
+
+
+def est_datasets(data_dir: Path, molecule: str, budget: Budget) -> dict[str, Any]:
+    from est.data import LmdbDataset
+    from est.train.data import IndexSubset
+
+    d = molecule_dir(data_dir, molecule)
+    train_file, test_file = LmdbDataset(str(d / "train")), LmdbDataset(str(d / "test"))
+    train, val = split_indices(len(train_file), budget)
+    n_test = len(test_file) if budget.test_frames is None else min(budget.test_frames, len(test_file))
+    return {"train": IndexSubset(train_file, train), "val": IndexSubset(train_file, val),
+            "test": IndexSubset(test_file, range(n_test))}
+
+
+def mace_files(data_dir: Path, molecule: str, root: Path, budget: Budget) -> dict[str, str]:
+    """The same frames as extxyz for MACE (written once per root): train, valid, test, relaxed."""
+    from ase.io import write
+
+    d = molecule_dir(data_dir, molecule)
+    out = Path(root) / "data" / molecule
+    files = {k: str(out / f"{k}.xyz") for k in ("train", "valid", "test", "relaxed")}
+    if all(Path(f).exists() for f in files.values()):
+        return files
+    from est.data import LmdbDataset
+
+    train, val = split_indices(len(LmdbDataset(str(d / "train"))), budget)
+    mb.export_xyz(d / "train", files["train"], limit=len(train))
+    mb.export_xyz(d / "train", files["valid"], start=val[0], limit=len(val))
+    mb.export_xyz(d / "test", files["test"], limit=budget.test_frames)
+    write(files["relaxed"], relaxed_atoms(data_dir, molecule), format="extxyz")
+    return files
+
+
+# ------------------------------------------------------------------ one est run's configuration
+def est_overrides(model: str, data_dir: Path, molecule: str, seed: int, rd: Path, budget: Budget, *,
+                  steps: int | None = None) -> list[str]:
+    """``python train.py`` overrides of one est run (the datasets themselves are passed to the trainer);
+    ``steps``: the step budget (default ``budget.steps``), which the warm-up and the schedule follow."""
+    d = Path(data_dir) / molecule
+    steps = budget.steps if steps is None else steps
+    return [*SHAPE, *MODELS[base_model(model)], "data=oc20_s2ef", f"data.train_path={d / 'train'}", f"data.val_path={d / 'train'}",
+            f"data.test_path={d / 'test'}", f"data.batch_size={budget.batch_size}", "data.eval_batch_size=32",
+            "data.num_workers=0", f"trainer.max_steps={steps}", "trainer.max_epochs=100000",
+            f"trainer.warmup_steps={max(1, steps // 30)}", f"trainer.eval_every={budget.eval_every}",
+            "trainer.lr=5e-4", "trainer.ema_decay=0.99", "trainer.energy_coefficient=2.0", "trainer.force_coefficient=100.0",
+            "trainer.monitor=forces_mae", "trainer.final_splits=[]", f"trainer.log_every={budget.eval_every}",
+            "trainer.resume=auto", "trainer.progress=false", "trainer.tensorboard=false", "trainer.plots=false",
+            f"seed={seed}", f"run_dir={rd}", f"name=forces-{molecule}-{model}"]
