@@ -1,25 +1,24 @@
 """Keep freed CPU memory in the process (glibc): large tensors stop paying page faults on every step.
 
 PyTorch allocates CPU tensors with ``malloc``. glibc serves a request above
-its mmap threshold (at most 32 MiB on 64-bit) with a fresh ``mmap`` and
+its mmap threshold (128 KiB, rising to at most 32 MiB on 64-bit) with a fresh ``mmap`` and
 returns it to the kernel on ``free``, so a training step that creates the
 same large temporaries every time (the message block's grid activation on
 ``[E, S, C]`` edge features with gradient forces: tens of MiB each) faults in
 and zeroes every page of them again, every step. With ``mmap`` off and the
-heap never trimmed, freed blocks are reused instead, as PyTorch's CUDA
-caching allocator does on the GPU:
+heap trimmed only above 2 GiB of free memory at its top, freed blocks are
+reused instead, as PyTorch's CUDA caching allocator does on the GPU:
 
     mallopt(M_MMAP_MAX, 0)                # every allocation from the heap
-    mallopt(M_TRIM_THRESHOLD, 2**31 - 1)  # keep up to 2 GiB free at the heap's top
+    mallopt(M_TRIM_THRESHOLD, 2**31 - 1)  # the largest threshold mallopt takes
 
-(the largest threshold ``mallopt`` takes; the environment variables
-``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=...`` do the same at start-up). The cost: the process keeps its
-peak memory until it exits. ``benchmarks/bench_cpu_malloc.py`` measures the
-step time both ways (``trainer.keep_freed_memory=true`` turns it on for a
-CPU run).
-
->>> keep_freed_memory()  # True on Linux with glibc, else False (nothing changed)
-True
+(the environment variables ``MALLOC_MMAP_MAX_=0`` and
+``MALLOC_TRIM_THRESHOLD_`` do the same when set before Python starts). The
+cost: the process keeps about its peak memory until it exits.
+``benchmarks/bench_cpu_malloc.py`` measures the step time both ways;
+``trainer.keep_freed_memory=true`` turns it on for a CPU run, and
+``keep_freed_memory()`` in any process (it returns False, changing nothing,
+where the C library is not glibc).
 """
 from __future__ import annotations
 
