@@ -1,16 +1,19 @@
 #!/usr/bin/env python
-"""CPU training step with glibc's default allocation and with ``trainer.keep_freed_memory`` (est.train.malloc).
+"""CPU training step and MD call with glibc's default allocation and with ``trainer.keep_freed_memory``
+(est.train.malloc).
 
 Per molecule of the GFN2-xTB set (``python -m est.data.xtb``) and per setting,
 one fresh process on one thread times an optimisation step of est's
-EquiformerV2 (``update="ffn"``) and the EST default round-robin, the
-force study's models, batch and trainer settings
-(``forces_clock.calibrate``: median CPU seconds of 7 rounds after 2 warm-up
-on the same batches), and records the process's peak resident memory (the
-setting's cost). The settings alternate twice (default, kept, default,
-kept), so a change of the machine's load shows up as a spread between the
-two processes of one setting; the table gives their mean and the ratio of
-the means. Linux with glibc only (elsewhere the setting changes nothing).
+EquiformerV2 (``update="ffn"``) and the EST default round-robin, the force
+study's models, batch and trainer settings (``forces_clock.calibrate``:
+median CPU seconds of 7 rounds after 2 warm-up on the same batches); before
+that, one ``ESTCalculator`` energy-and-forces call on the molecule in
+float64 (the study's MD; random weights, median of 30); and it records the
+process's peak resident memory (the setting's cost). The settings alternate
+twice (default, kept, default, kept), so a change of the machine's load
+shows up as a spread between the two processes of one setting; the table
+gives their mean and the ratio of the means. Linux with glibc only
+(elsewhere the setting changes nothing).
 
     python benchmarks/bench_cpu_malloc.py --data-dir /work/data/xtb [--molecules ethanol paracetamol]
 """
@@ -23,6 +26,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -45,8 +49,40 @@ def one(setting: str, molecule: str, data_dir: Path) -> dict:
     from forces_clock import calibrate
     from forces_setup import FULL
 
+    md = md_call_ms(molecule, data_dir)  # first, before training grows the heap
     costs = calibrate(molecule, list(MODELS), data_dir, FULL)
-    return {"costs": costs, "max_rss_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+    return {"costs": costs, "md_call_ms": md, "max_rss_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+
+
+def md_call_ms(molecule: str, data_dir: Path, *, calls: int = 30, warmup: int = 3) -> dict[str, float]:
+    """Median CPU milliseconds of one ``ESTCalculator`` energy-and-forces call (float64, the study's MD
+    precision) per model, random weights, on the GFN2-xTB minimum moved by 1e-3 A noise before every call
+    (so that no result is reused), the models round-robin."""
+    import numpy as np
+    import torch
+
+    from est.calculators import ESTCalculator
+    from forces_setup import random_model, relaxed_atoms
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    start = relaxed_atoms(data_dir, molecule)
+    systems = {}
+    for m in MODELS:
+        atoms = start.copy()
+        atoms.calc = ESTCalculator(model=random_model(m), dtype=torch.float64)
+        systems[m] = atoms
+    rng = np.random.default_rng(0)
+    times: dict[str, list[float]] = {m: [] for m in MODELS}
+    for i in range(warmup + calls):
+        noise = 1e-3 * rng.standard_normal(start.positions.shape)
+        for m, atoms in systems.items():
+            atoms.positions = start.positions + noise
+            c0 = time.process_time()
+            atoms.get_forces()
+            if i >= warmup:
+                times[m].append(1000.0 * (time.process_time() - c0))
+    return {m: statistics.median(v) for m, v in times.items()}
 
 
 def main(argv=None) -> int:
@@ -72,6 +108,7 @@ def main(argv=None) -> int:
     for molecule, per in runs.items():
         ms = {s: {m: statistics.fmean(1000.0 * r["costs"][m]["cpu_s"] for r in per[s]) for m in MODELS} for s in SETTINGS}
         rss = {s: max(r["max_rss_MiB"] for r in per[s]) for s in SETTINGS}
+        md = {s: {m: statistics.fmean(r["md_call_ms"][m] for r in per[s]) for m in MODELS} for s in SETTINGS}
         for m in MODELS:
             spread = {s: [f"{1000.0 * r['costs'][m]['cpu_s']:.0f}" for r in per[s]] for s in SETTINGS}
             rows.append({"molecule": molecule, "model": m,
@@ -80,9 +117,11 @@ def main(argv=None) -> int:
                          "kept / default": f"{ms[SETTINGS[1]][m] / ms[SETTINGS[0]][m]:.2f}",
                          "EST default / EquiformerV2, default": f"{ms[SETTINGS[0]][MODELS[1]] / ms[SETTINGS[0]][MODELS[0]]:.3f}",
                          "EST default / EquiformerV2, kept": f"{ms[SETTINGS[1]][MODELS[1]] / ms[SETTINGS[1]][MODELS[0]]:.3f}",
+                         "MD call ms (default / kept)": f"{md[SETTINGS[0]][m]:.1f} / {md[SETTINGS[1]][m]:.1f}",
+                         "MD kept / default": f"{md[SETTINGS[1]][m] / md[SETTINGS[0]][m]:.2f}",
                          "peak RSS MiB (default / kept)": f"{rss[SETTINGS[0]]:.0f} / {rss[SETTINGS[1]]:.0f}"})
     cols = list(rows[0])
-    table = print_table(rows, cols, "CPU training step: glibc's default allocation vs trainer.keep_freed_memory "
+    table = print_table(rows, cols, "CPU training step and MD call: glibc's default allocation vs keep_freed_memory "
                                     "(one thread, the force study's batch of 16; per-process values in brackets)")
     save("cpu_malloc", {"description": __doc__.split("\n")[0], "data_dir": str(data_dir), "repeats": args.repeats,
                         "runs": runs, "tables": {"cpu-malloc": table.split("\n", 2)[2]}})

@@ -47,16 +47,10 @@ WIDTHS = ((32, 64), (128, 128))
 
 def update_block(model: str, channels: int, ffn_hidden: int):
     """Layer 0's update block of the study model ``model`` at the given width (random weights, train mode)."""
-    import forces_setup as fs
-    from omegaconf import OmegaConf
-
-    from est.train import load_config
-    from est.train.loading import build_model_from_config
+    from forces_setup import random_model
 
     model, extra = VARIANTS.get(model, (model, []))
-    cfg = load_config([*fs.SHAPE, *fs.MODELS[model], "model.avg_num_nodes=20", "model.avg_degree=14",
-                       f"model.channels={channels}", f"model.ffn_hidden_channels={ffn_hidden}", *extra], check=False)
-    net = build_model_from_config({"model": OmegaConf.to_container(cfg.model, resolve=True)})
+    net = random_model(model, f"model.channels={channels}", f"model.ffn_hidden_channels={ffn_hidden}", *extra)
     return next(m for name, m in net.named_modules() if name.endswith("update_blocks.0")).train()
 
 

@@ -213,3 +213,16 @@ def est_overrides(model: str, data_dir: Path, molecule: str, seed: int, rd: Path
             "trainer.monitor=forces_mae", "trainer.final_splits=[]", f"trainer.log_every={budget.eval_every}",
             "trainer.resume=auto", "trainer.progress=false", "trainer.tensorboard=false", "trainer.plots=false",
             f"seed={seed}", f"run_dir={rd}", f"name=forces-{molecule}-{model}"]
+
+
+def random_model(model: str, *extra: str, avg_num_nodes: float = 20.0, avg_degree: float = 14.0):
+    """The est model ``model`` of the study (``SHAPE`` and its overrides, then ``extra``) with random weights
+    from the current torch seed, for timing: the dataset statistics of ``auto`` are set by hand."""
+    from omegaconf import OmegaConf
+
+    from est.train import load_config
+    from est.train.loading import build_model_from_config
+
+    cfg = load_config([*SHAPE, *MODELS[model], f"model.avg_num_nodes={avg_num_nodes}",
+                       f"model.avg_degree={avg_degree}", *extra], check=False)
+    return build_model_from_config({"model": OmegaConf.to_container(cfg.model, resolve=True)})

@@ -159,8 +159,8 @@ class TrainerConfig:
     epoch_time_warmup: int = 2
     find_unused_parameters: bool = False
     #: CPU runs: keep freed memory in the process (glibc: no mmap for large blocks, no heap trimming), so the
-    #: step's large temporaries stop page-faulting every step (est.train.malloc; 0.82-0.83x the step time on
-    #: a 20-atom molecule, benchmarks/bench_cpu_malloc.py); the process keeps its peak memory
+    #: step's large temporaries stop page-faulting every step (est.train.malloc; timed by
+    #: benchmarks/bench_cpu_malloc.py); the process keeps its peak memory
     keep_freed_memory: bool = False
     normalizer: NormalizerConfig = field(default_factory=NormalizerConfig)
 
