@@ -253,6 +253,12 @@ def test_float64_matches_float32(grad_model):
     assert next(grad_model.parameters()).dtype == torch.float32  # the caller's module is not converted
     assert r64["energy"] == pytest.approx(r32["energy"], abs=1e-4)
     np.testing.assert_allclose(r64["forces"], r32["forces"], atol=1e-4)
+    named = ESTCalculator(model=grad_model, energy_mean=MEAN, energy_std=STD, dtype="float64")  # as MACE's default_dtype
+    assert named.dtype == torch.float64 and next(named.model.parameters()).dtype == torch.float64
+    assert named.predict_batch([atoms])[0]["energy"] == r64["energy"]
+    for bad in ("float16", torch.float16, "double"):
+        with pytest.raises(ValueError, match=r"float32 or torch.float64 \(or 'float32' / 'float64'\), got"):
+            ESTCalculator(model=grad_model, dtype=bad)
 
 
 def test_energy_only_model_gets_autograd_forces_and_stress():

@@ -57,10 +57,11 @@ def _compare(atoms_list, ts_model, calc, *, stress, atol):
         assert "stress" not in out
 
 
-@pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-9), (torch.float32, 2e-4)])
+@pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-9), (torch.float32, 2e-4), ("float32", 2e-4)])
 def test_same_results_as_the_ase_calculator(checkpoint, dtype, atol):
-    ts_model = ESTTorchSimModel(checkpoint, device="cpu", dtype=dtype)
+    ts_model = ESTTorchSimModel(checkpoint, device="cpu", dtype=dtype)  # a name, as MACE's default_dtype, works too
     calc = ESTCalculator(checkpoint, dtype=dtype)
+    assert ts_model.dtype == calc.dtype and isinstance(ts_model.dtype, torch.dtype)
     assert ts_model.compute_stress and ts_model.compute_forces
     if dtype == torch.float64:  # molecules: total energies, references included
         _compare([_mol("H2O"), _mol("CH4"), _mol("NH3")], ts_model, calc, stress=False, atol=atol)

@@ -61,7 +61,7 @@ import json
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -186,6 +186,20 @@ def _sum_tables(*tables: np.ndarray) -> np.ndarray:
     return out
 
 
+#: the precisions a calculator evaluates in, by the names MACE's and torch's users write them
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def calculator_dtype(dtype: Union[str, torch.dtype]) -> torch.dtype:
+    """``torch.float32`` / ``torch.float64`` from itself or its name (``"float32"``, ``"float64"``, as MACE's
+    ``default_dtype``); anything else is a ``ValueError`` naming what is accepted."""
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    if dtype in DTYPES.values():
+        return dtype
+    raise ValueError(f"dtype must be torch.float32 or torch.float64 (or 'float32' / 'float64'), got {dtype!r}")
+
+
 def _as_float(v) -> float:
     return float(v.reshape(-1)[0]) if isinstance(v, torch.Tensor) else float(v)
 
@@ -206,7 +220,8 @@ class ESTCalculator(Calculator):
             elements when known, else every element the embedding has).
         qm9_target: which QM9 energy column is "energy" (default: the first of
             U0, U, H, G, U0_atom, ... the checkpoint learned).
-        device, dtype: where and in which precision to evaluate (float32 or float64).
+        device, dtype: where and in which precision to evaluate (``torch.float32`` or ``torch.float64``,
+            or their names ``"float32"`` / ``"float64"``).
         use_ema: load the EMA weights of a checkpoint (default) or the raw ones.
         min_distance: atoms closer than this (A) are refused as overlapping.
         batch_size: default batch size of :meth:`predict_batch`.
@@ -222,14 +237,13 @@ class ESTCalculator(Calculator):
                  normalizers: Optional[Mapping[str, Any]] = None, energy_mean: Optional[float] = None,
                  energy_std: Optional[float] = None, atom_references: Optional[Sequence[float]] = None,
                  elements: Optional[Iterable[int]] = None, qm9_target: Optional[int] = None,
-                 device: Any = "cpu", dtype: torch.dtype = torch.float32, use_ema: bool = True,
+                 device: Any = "cpu", dtype: Union[str, torch.dtype] = torch.float32, use_ema: bool = True,
                  min_distance: float = 0.5, batch_size: int = 16,
                  model_overrides: Optional[Mapping[str, Any]] = None, **kwargs):
         super().__init__(**kwargs)
         if (checkpoint is None) == (model is None):
             raise ValueError("ESTCalculator needs exactly one of checkpoint=PATH or model=MODULE")
-        if dtype not in (torch.float32, torch.float64):
-            raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+        dtype = calculator_dtype(dtype)
         self.device = torch.device(device)
         self.dtype = dtype
         self.min_distance = float(min_distance)

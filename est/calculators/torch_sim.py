@@ -63,7 +63,7 @@ class ESTTorchSimModel(ModelInterface):
             ``normalizers`` / ``energy_mean`` / ``energy_std`` in ``calculator_kwargs``).
         model: an ``nn.Module`` returning ``{"energy", "forces", ...}``.
         device: where to evaluate (default: CUDA when available, else CPU).
-        dtype: ``torch.float64`` (default, as torch-sim's MD) or ``torch.float32``.
+        dtype: ``torch.float64`` (default, as torch-sim's MD) or ``torch.float32`` (or ``"float64"`` / ``"float32"``).
         compute_forces: return forces (always possible: model head or autograd).
         compute_stress: return stress for periodic states; default: whenever the model can
             (not for direct-force models, whose forces are not an energy derivative).
@@ -72,7 +72,7 @@ class ESTTorchSimModel(ModelInterface):
     """
 
     def __init__(self, checkpoint: Optional[str] = None, *, model: Optional[torch.nn.Module] = None,
-                 device: Union[str, torch.device, None] = None, dtype: torch.dtype = torch.float64,
+                 device: Union[str, torch.device, None] = None, dtype: Union[str, torch.dtype] = torch.float64,
                  compute_forces: bool = True, compute_stress: Optional[bool] = None, **calculator_kwargs):
         if _IMPORT_ERROR is not None:
             raise ImportError(f"ESTTorchSimModel needs torch-sim ({_IMPORT_ERROR}). "
@@ -83,7 +83,7 @@ class ESTTorchSimModel(ModelInterface):
         self.calculator = ESTCalculator(checkpoint, model=model, device=device, dtype=dtype, **calculator_kwargs)
         self.model = self.calculator.model  # a registered submodule: .parameters(), .eval() reach it
         self._device = self.calculator.device
-        self._dtype = dtype
+        self._dtype = self.calculator.dtype
         can_stress = self.calculator.force_mode != "direct"
         if compute_stress and not can_stress:
             raise ValueError("compute_stress=True, but this model predicts forces with a direct head, which is not "
