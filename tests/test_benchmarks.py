@@ -310,3 +310,33 @@ def test_update_cost_blocks_are_the_study_models_and_take_the_double_backward(mo
         bench.steps(block, x0, batch)["fwd+double bwd"]()
         assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in block.parameters() if p.requires_grad)
     assert points == {"est-ffn": 0, "est-default": 146, "est-t14": 114, "est-ffn 18x18": 0}
+
+
+def test_cap_saturation_reads_the_sigma_the_bound_uses(monkeypatch_module):
+    """bench_cap_saturation.py: one sigma per atom and head per capped layer, the one the bound acts on: doubling
+    layer 1's query/key/value map quadruples its sigma (A = A_q A_k^T) and leaves layer 0's; the hook is gone after."""
+    monkeypatch_module.syspath_prepend(str(BENCH / "baseline"))
+    monkeypatch_module.syspath_prepend(str(BENCH))
+    bench = importlib.import_module("bench_cap_saturation")
+    import numpy as np
+    import torch
+    from ase.build import molecule
+    from est.nn import spherical_transformer as st
+    from forces_setup import random_model
+
+    torch.manual_seed(0)
+    model = random_model("est-default").eval()
+    frames = [molecule("CH3CH2OH"), molecule("H2O")]
+    layers = bench.capped_layers(model)
+    heads = layers[0].config.num_heads
+    before = bench.sigma_by_layer(model, frames)
+    assert len(layers) == len(before) == 2 and all(s.shape == (12 * heads,) and (s > 0).all() for s in before)
+    with torch.no_grad():
+        for p in layers[1].qkv.parameters():
+            p.mul_(2.0)
+    after = bench.sigma_by_layer(model, frames)
+    np.testing.assert_allclose(after[0], before[0], rtol=1e-6)
+    np.testing.assert_allclose(after[1], 4.0 * before[1], rtol=1e-4)
+    assert st.SphericalTransformer._cap_factor.__name__ == "_cap_factor"
+    row = bench.summarize([np.array([1.0, 5.0, 9.0, 3.0])], cap=4.0)
+    assert row == {"L0 median": 4.0, "L0 >c": 0.5, "L0 >2c": 0.25}
