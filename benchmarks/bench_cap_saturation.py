@@ -41,21 +41,22 @@ RUN_GLOB = "est-*-s*"
 @contextmanager
 def record_sigma():
     """Within the block, every capped ``SphericalTransformer`` call appends ``(module, sigma [N * H])`` to the
-    yielded list (``sigma`` as the module computes it for its bound, before the bound)."""
+    yielded list: the ``_logit_sigma`` its bound uses, as it returns it."""
     from est.nn import spherical_transformer as st
 
     seen: list[tuple[object, np.ndarray]] = []
-    original = st.SphericalTransformer._cap_factor
+    original = st.SphericalTransformer._logit_sigma
 
     def recording(self, a):  # a [N, H, K, K]
-        seen.append((self, torch.sqrt(a.detach().pow(2).sum((-1, -2))).flatten().double().numpy()))  # [N * H]
-        return original(self, a)
+        sigma = original(self, a)  # [N, H]
+        seen.append((self, sigma.detach().flatten().double().numpy()))  # [N * H]
+        return sigma
 
-    st.SphericalTransformer._cap_factor = recording
+    st.SphericalTransformer._logit_sigma = recording
     try:
         yield seen
     finally:
-        st.SphericalTransformer._cap_factor = original
+        st.SphericalTransformer._logit_sigma = original
 
 
 def capped_layers(model) -> list:
@@ -87,11 +88,12 @@ def summarize(sigmas: list[np.ndarray], cap: float) -> dict[str, float]:
 
 
 def frames_of(data_dir: Path, molecule: str, every: int) -> list:
-    from ase import Atoms
+    """Every ``every``-th frame of ``DATA/<molecule>/test`` as ASE Atoms."""
     from est.data import LmdbDataset
+    from est.data.aselmdb import sample_to_atoms
 
     ds = LmdbDataset(str(data_dir / molecule / "test"))
-    return [Atoms(numbers=ds[i].atomic_numbers.numpy(), positions=ds[i].pos.numpy()) for i in range(0, len(ds), every)]
+    return [sample_to_atoms(ds[i])[0] for i in range(0, len(ds), every)]
 
 
 def trained_and_initial(run: Path):
@@ -133,9 +135,10 @@ def main(argv=None) -> int:
             if not (run / "best.pt").exists():
                 continue
             trained, initial, seed = trained_and_initial(run)
-            if not capped_layers(trained):
+            layers = capped_layers(trained)
+            if not layers:
                 continue
-            cap = capped_layers(trained)[0].config.logit_cap
+            cap = layers[0].config.logit_cap
             model = run.name.rsplit("-s", 1)[0]
             for state, net in (("initial", initial), ("trained", trained)):
                 rows.append({"molecule": mol_dir.name, "model": model, "seed": seed, "weights": state, "cap": cap,

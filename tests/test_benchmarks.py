@@ -337,6 +337,6 @@ def test_cap_saturation_reads_the_sigma_the_bound_uses(monkeypatch_module):
     after = bench.sigma_by_layer(model, frames)
     np.testing.assert_allclose(after[0], before[0], rtol=1e-6)
     np.testing.assert_allclose(after[1], 4.0 * before[1], rtol=1e-4)
-    assert st.SphericalTransformer._cap_factor.__name__ == "_cap_factor"
+    assert st.SphericalTransformer._logit_sigma.__name__ == "_logit_sigma"
     row = bench.summarize([np.array([1.0, 5.0, 9.0, 3.0])], cap=4.0)
     assert row == {"L0 median": 4.0, "L0 >c": 0.5, "L0 >2c": 0.25}

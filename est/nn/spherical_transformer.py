@@ -236,11 +236,16 @@ class SphericalTransformer(Float64Masters):
         q, k = (t.unflatten(-1, (H, -1)).transpose(1, 2) for t in (q, k))  # [N, H, K, d]
         return (q * self.scale) @ k.transpose(-1, -2)  # [N, H, K, K]
 
+    def _logit_sigma(self, a: torch.Tensor) -> torch.Tensor:
+        """``sigma = ||A||_F`` per atom and head (``a``: ``[N, H, K, K]``), the bound on the content logits that
+        ``logit_cap`` acts on (module doc, step 5), smoothed at ``A = 0``."""
+        return torch.sqrt(a.pow(2).sum((-1, -2)) + (1e-6 * self.config.logit_cap) ** 2)  # [N, H]
+
     def _cap_factor(self, a: torch.Tensor) -> torch.Tensor:
-        """``c tanh(sigma/c) / sigma`` with ``sigma = ||A||_F`` (``a``: ``[N, H, K, K]``): the factor on ``A`` (or
-        on the queries) that keeps the content logits below ``logit_cap`` in magnitude (module doc, step 5)."""
+        """``c tanh(sigma/c) / sigma`` with ``sigma`` = :meth:`_logit_sigma` (``a``: ``[N, H, K, K]``): the factor on
+        ``A`` (or on the queries) that keeps the content logits below ``logit_cap`` in magnitude (module doc, step 5)."""
         c = self.config.logit_cap
-        sigma = torch.sqrt(a.pow(2).sum((-1, -2)) + (1e-6 * c) ** 2)  # [N, H], smooth at A = 0
+        sigma = self._logit_sigma(a)  # [N, H]
         return c * torch.tanh(sigma / c) / sigma  # [N, H], in (0, 1]
 
     def forward(
