@@ -192,10 +192,22 @@ def tables(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> 
                 text += (f"\n\nThe same target on the test set, {target} trained to the end of its own schedule in "
                          f"{REFERENCE}'s time ({'/'.join(map(str, steps))} steps, `{target}{TIME_SUFFIX}`): "
                          + _verdict(ratios, bound))
+                share = time_share(timed, ref)
+                if abs(share - 1.0) >= 0.005:
+                    text += (f" Their step budget came from the step costs stored when they started; at the current "
+                             f"ones they had {share:.2f}x {REFERENCE}'s time.")
         out[f"forces-{molecule}-time"] = text
     if any(REFERENCE in per_model for per_model in results.values()):
         out["forces-overview"] = overview(results, clock=clock)
     return out
+
+
+def time_share(timed: list[dict], ref: list[dict]) -> float:
+    r"""The ``@time`` runs' mean optimisation time over the reference's at the records' current step costs
+    (:func:`forces_clock.with_step_cost_clock`): :math:`\overline{\mathrm{steps}\,c} / (n\,c_\mathrm{ref})`;
+    1 when the costs are the ones their step budget was computed from."""
+    spent = statistics.fmean(r["steps"] * r["step_cost_s"] for r in timed)
+    return spent / statistics.fmean(r["steps"] * r["step_cost_s"] for r in ref)
 
 
 def _mean_of_ratios(ratios: list[float]) -> str:

@@ -1,6 +1,7 @@
 """benchmarks/study_forces.py without training: data split, curve reading at equal time, paired ratios, tables."""
 from __future__ import annotations
 
+import copy
 import importlib
 import math
 import sys
@@ -12,7 +13,7 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 #: the study's modules: its setup, tables and clocks, and the driver
-MODULES = {"fs": "forces_setup", "ft": "forces_tables", "fc": "forces_clock", "sf": "study_forces"}
+MODULES = {"fs": "forces_setup", "ft": "forces_tables", "fc": "forces_clock", "sf": "study_forces", "bs": "bench_step_cost"}
 
 
 @pytest.fixture(scope="module")
@@ -29,14 +30,14 @@ def study():
 
 
 def _module_fixture(key: str):
-    """The fixture ``key`` (``sf``, ``fs``, ``ft``, ``fc``): that module of the study."""
+    """The fixture ``key`` (``sf``, ``fs``, ``ft``, ``fc``, ``bs``): that module of the study."""
     @pytest.fixture(scope="module", name=key)
     def module(study):
         return study[key]
     return module
 
 
-fs_fixture, ft_fixture, fc_fixture, sf_fixture = (_module_fixture(key) for key in MODULES)
+fs_fixture, ft_fixture, fc_fixture, sf_fixture, bs_fixture = (_module_fixture(key) for key in MODULES)
 
 
 def curve(step_s: float, maes: list[float], every: int = 10) -> list[dict]:
@@ -204,7 +205,7 @@ def test_time_runs_train_the_steps_that_cost_what_the_references_cost(fs, fc, mo
 
 def test_time_runs_take_their_models_step_cost_and_the_test_set_target_line(ft, fc):
     runs = {"ethanol": {
-        "est-ffn": [record("est-ffn", s, 10.0, curve(2.0, [30.0, 20.0, 10.0])) for s in (0, 1)],
+        "est-ffn": [record("est-ffn", s, 10.0, curve(2.0, [30.0, 20.0, 10.0])) | {"steps": 30} for s in (0, 1)],
         "est-default@time": [record("est-default@time", s, f, curve(1.0, [20.0, 10.0, 8.0])) | {"steps": 25}
                              for s, f in ((0, 8.0), (1, 9.5))],
         "est-default": [record("est-default", s, 9.0, curve(1.0, [20.0, 10.0, 8.0])) for s in (0, 1)],
@@ -221,6 +222,37 @@ def test_time_runs_take_their_models_step_cost_and_the_test_set_target_line(ft, 
     text = t["forces-ethanol-time"]
     assert ("The same target on the test set, est-default trained to the end of its own schedule in est-ffn's time "
             "(25 steps, `est-default@time`): per seed 0.80 0.95, mean 0.88, 1/2 seeds within: met.") in text
+    # 25 steps x 2.4 s = 30 x 2.0 s: the budget was fair at these costs, nothing more is said
+    assert ft.time_share(runs["ethanol"]["est-default@time"], runs["ethanol"]["est-ffn"]) == pytest.approx(1.0)
+    assert "current ones" not in text
+    # re-timed costs that make the same 25 steps 10% dearer: the line says how much time they really had
+    fc.with_step_cost_clock(runs, {"ethanol": {"est-ffn": {"cpu_s": 2.0}, "est-default": {"cpu_s": 2.64}}})
+    assert ("Their step budget came from the step costs stored when they started; at the current ones they had "
+            "1.10x est-ffn's time.") in ft.tables(runs, clock="step-cost")["forces-ethanol-time"]
+
+
+def test_step_cost_bench_reads_the_target_and_the_time_runs_share_at_a_fresh_ratio(bs, ft, fc):
+    """bench_step_cost.py without timing: at the stored ratio it reproduces the study's target read; a dearer
+    EST default step reads its curve earlier (worse) and gives its @time runs more than the reference's time."""
+    ffn = [record("est-ffn", s, 10.0, curve(2.0, [30.0, 20.0, 10.0])) | {"steps": 30, "budget": {"steps": 30}} for s in (0, 1)]
+    default = [record("est-default", s, 9.0, curve(2.0, [36.0, 24.0, 12.0])) for s in (0, 1)]
+    timed = [record("est-default@time", s, 9.0, curve(2.0, [36.0, 24.0])) | {
+        "steps": 25, "budget": {"steps": 30}, "time_budget": {"step_cost_s": 2.4, "reference_step_cost_s": 2.0}} for s in (0, 1)]
+    runs = {"est-ffn": ffn, "est-default": default, "est-default@time": timed}
+    stored = {"est-ffn": {"cpu_s": 2.0}, "est-default": {"cpu_s": 2.4}}
+    study = {"ethanol": copy.deepcopy(runs)}
+    fc.with_step_cost_clock(study, {"ethanol": stored})
+    pairs = ft.equal_time(study["ethanol"]["est-default"], study["ethanol"]["est-ffn"], clock="step-cost")
+    assert bs.curve_read(runs, 1.2) == pytest.approx(pairs[0]["ratio"])
+    # r = 1.2: EquiformerV2 ends at 30 steps (10 meV/A); the EST default is read at 25 steps, 18 meV/A
+    assert bs.curve_read(runs, 1.2) == pytest.approx(1.8) and bs.curve_read(runs, 1.5) == pytest.approx(2.4)
+    assert bs.budgeted_ratio(timed) == pytest.approx(1.2)
+    fresh = [{"est-ffn": {"cpu_s": 1.0}, "est-default": {"cpu_s": x}} for x in (1.3, 1.2)]
+    row = bs.row("ethanol", runs, stored, fresh)
+    assert row["stored r"] == pytest.approx(1.2) and row["fresh r (each)"] == "1.300 1.200"
+    assert row["fresh r (mean)"] == pytest.approx(1.25) and row["@time runs' time / EquiformerV2's"] == pytest.approx(25 * 1.25 / 30)
+    assert row["target read, stored r"] == pytest.approx(1.8) and row["target read, fresh r"] > 1.8
+    assert "cost_seconds" not in runs["est-ffn"][0]["curve"][0]  # the records read are left as they were
 
 
 def test_force_metrics_keep_each_frames_force_mae(sf):
