@@ -255,6 +255,37 @@ def test_step_cost_bench_reads_the_target_and_the_time_runs_share_at_a_fresh_rat
     assert "cost_seconds" not in runs["est-ffn"][0]["curve"][0]  # the records read are left as they were
 
 
+def test_step_cost_bench_writes_its_table_and_names_what_is_missing(bs, monkeypatch, tmp_path):
+    """bench_step_cost.main with the timing replaced: one row per molecule with data, step_cost.json written;
+    no forces.json, or a molecule without both step costs, is a clear error."""
+    import json
+
+    common = importlib.import_module("common")
+    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(bs, "setup_threads", lambda n: n)  # the suite's torch thread count stays as it is
+    data = tmp_path / "data"
+    (data / "ethanol" / "train").mkdir(parents=True)
+    with pytest.raises(SystemExit, match="no benchmarks/results/forces.json"):
+        bs.main(["--data-dir", str(data)])
+    ffn = [record("est-ffn", 0, 10.0, curve(2.0, [30.0, 20.0, 10.0])) | {"steps": 30}]
+    default = [record("est-default", 0, 9.0, curve(2.0, [36.0, 24.0, 12.0]))]
+    costs = {"est-ffn": {"cpu_s": 2.0}, "est-default": {"cpu_s": 2.4}}
+    common.RESULTS.mkdir()
+    (common.RESULTS / "forces.json").write_text(json.dumps({
+        "runs": {"ethanol": {"est-ffn": ffn, "est-default": default}},
+        "step_costs": {"ethanol": costs, "aspirin": costs, "malonaldehyde": {"est-ffn": {"cpu_s": 1.0}}}}))
+    calls = []
+    monkeypatch.setattr(bs, "calibrate", lambda molecule, models, *a, **kw: calls.append((molecule, models)) or
+                        {"est-ffn": {"cpu_s": 1.0}, "est-default": {"cpu_s": 1.2}})
+    assert bs.main(["--data-dir", str(data), "--repeats", "2"]) == 0  # aspirin has no data here: not timed
+    assert calls == [("ethanol", ["est-ffn", "est-default"])] * 2
+    (row,) = json.loads((common.RESULTS / "step_cost.json").read_text())["rows"]
+    assert row["molecule"] == "ethanol" and row["fresh r (each)"] == "1.200 1.200"
+    assert row["target read, fresh r"] == pytest.approx(1.8)  # read at step 25 of 30: 18 / 10
+    with pytest.raises(SystemExit, match="malonaldehyde: forces.json has no step costs of est-default and est-ffn"):
+        bs.main(["--data-dir", str(data), "--molecules", "malonaldehyde"])
+
+
 def test_force_metrics_keep_each_frames_force_mae(sf):
     import numpy as np
 
