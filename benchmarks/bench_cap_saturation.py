@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "baseline"))
 
-from common import RESULTS, print_table, save, setup_threads  # noqa: E402
+from common import RESULTS, dash_missing, print_table, save, setup_threads  # noqa: E402
 
 #: the study's run folders: ``<model>-s<seed>``
 RUN_GLOB = "est-*-s*"
@@ -150,8 +150,7 @@ def main(argv=None) -> int:
         return 1
     shown = [{k: (f"{v:.2f}" if isinstance(v, float) and k.endswith(("median", "/ EquiformerV2")) else
                   f"{100 * v:.0f}%" if isinstance(v, float) and ">" in k else v) for k, v in r.items()} for r in rows]
-    shown = [{k: ("-" if v == "nan" else v) for k, v in r.items()} for r in shown]
-    table = print_table(shown, list(shown[0]),
+    table = print_table(dash_missing(shown), list(shown[0]),
                         f"sigma = ||A||_F of the bounded logits per layer (cap c), every {args.every}th test frame, "
                         f"{threads} thread")
     save("cap_saturation", {"description": __doc__.split("\n")[0], "every": args.every, "root": str(root),

@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "baseline"))
 
-from common import load, print_table, save, setup_threads  # noqa: E402
+from common import dash_missing, load, print_table, save, setup_threads  # noqa: E402
 from forces_clock import calibrate, with_step_cost_clock  # noqa: E402
 from forces_setup import FULL, REFERENCE, TARGET, TIME_SUFFIX  # noqa: E402
 from forces_tables import equal_time, time_share  # noqa: E402
@@ -53,13 +53,17 @@ def on_clock(runs: dict[str, list[dict]], r: float) -> dict[str, list[dict]]:
     return per_model
 
 
-def curve_read(runs: dict[str, list[dict]], r: float) -> float:
-    """The target's equal-time read with the cost ratio ``r``: the mean over paired seeds of the EST default's
-    validation force MAE over EquiformerV2's (``forces_tables.equal_time``, step-cost clock)."""
-    per_model = on_clock(runs, r)
-    read = [p["ratio"] for p in equal_time(per_model[MODEL], per_model[REFERENCE], clock="step-cost")]
+def target_read(clocked: dict[str, list[dict]]) -> float:
+    """The target's equal-time read of records on the step-cost clock (:func:`on_clock`): the mean over paired
+    seeds of the EST default's validation force MAE over EquiformerV2's (``forces_tables.equal_time``)."""
+    read = [p["ratio"] for p in equal_time(clocked[MODEL], clocked[REFERENCE], clock="step-cost")]
     read = [x for x in read if not math.isnan(x)]
     return statistics.fmean(read) if read else math.nan
+
+
+def curve_read(runs: dict[str, list[dict]], r: float) -> float:
+    """:func:`target_read` with the cost ratio ``r``."""
+    return target_read(on_clock(runs, r))
 
 
 def budgeted_ratio(timed: list[dict]) -> float:
@@ -72,16 +76,17 @@ def row(molecule: str, runs: dict[str, list[dict]], stored: dict[str, dict], fre
     """One molecule's table row (floats; ``fresh`` = the repeated calibrations)."""
     rs = [ratio(f) for f in fresh]
     r_fresh = statistics.fmean(rs)
-    timed = runs.get(MODEL + TIME_SUFFIX, [])
+    at_stored, at_fresh = on_clock(runs, ratio(stored)), on_clock(runs, r_fresh)
+    timed = at_fresh.get(MODEL + TIME_SUFFIX, [])
     both = MODEL in runs and REFERENCE in runs
     return {"molecule": molecule, "stored r": ratio(stored),
             "@time runs' r0": budgeted_ratio(timed) if timed else math.nan,
             "fresh r (each)": " ".join(f"{x:.3f}" for x in rs), "fresh r (mean)": r_fresh,
             "fresh r (sd)": statistics.stdev(rs) if len(rs) > 1 else math.nan,
-            "@time runs' time / EquiformerV2's": (time_share(*(on_clock(runs, r_fresh)[m] for m in (MODEL + TIME_SUFFIX, REFERENCE)))
+            "@time runs' time / EquiformerV2's": (time_share(timed, at_fresh[REFERENCE])
                                                   if timed and REFERENCE in runs else math.nan),
-            "target read, stored r": curve_read(runs, ratio(stored)) if both else math.nan,
-            "target read, fresh r": curve_read(runs, r_fresh) if both else math.nan}
+            "target read, stored r": target_read(at_stored) if both else math.nan,
+            "target read, fresh r": target_read(at_fresh) if both else math.nan}
 
 
 def main(argv=None) -> int:
@@ -110,8 +115,7 @@ def main(argv=None) -> int:
         print(f"[step-cost] {molecule}: r = {rows[-1]['fresh r (each)']} (stored {rows[-1]['stored r']:.3f})", flush=True)
     shown = [{k: (f"{v:.3f}" if k.endswith(("r", "r0", "(mean)", "(sd)")) and isinstance(v, float) else
                   f"{v:.2f}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
-    shown = [{k: ("-" if v == "nan" else v) for k, v in r.items()} for r in shown]
-    table = print_table(shown, list(shown[0]),
+    table = print_table(dash_missing(shown), list(shown[0]),
                         f"r = {MODEL} / {REFERENCE} step cost, {args.repeats} fresh calibrations of {args.rounds} "
                         f"rounds each, {threads} thread")
     save("step_cost", {"description": __doc__.split("\n")[0], "repeats": args.repeats, "rounds": args.rounds,

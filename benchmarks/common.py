@@ -53,6 +53,11 @@ def print_table(rows: list[dict], columns: list[str], title: str) -> str:
     return text
 
 
+def dash_missing(rows: list[dict]) -> list[dict]:
+    """``rows`` with every cell formatted as ``"nan"`` shown as ``-`` (no value), for :func:`print_table`."""
+    return [{k: ("-" if v == "nan" else v) for k, v in r.items()} for r in rows]
+
+
 def save_figure(fig, path: Path, *, title: str | None = None, fontsize: int = 9) -> Path:
     """``fig`` (matplotlib) with ``title`` on top, laid out tight, as a PNG at 110 dpi in ``path``; closed."""
     import matplotlib.pyplot as plt
