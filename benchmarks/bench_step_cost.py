@@ -14,9 +14,12 @@ timed round-robin on the same batches (``forces_clock.calibrate``), stored once 
 This script times :math:`r` again, ``--repeats`` times per molecule (each a fresh calibration: new trainers,
 the same protocol), and prints beside the stored :math:`r` the fresh ones, the share of EquiformerV2's time
 the ``@time`` runs had at the fresh mean, and the target's curve read (mean over paired seeds) at the stored
-and at the fresh ratio. Nothing is trained; one thread.
+and at the fresh ratio. Nothing is trained; one thread. Timing some molecules keeps the other molecules'
+timings in ``step_cost.json``; every row's readings are taken afresh from the current ``forces.json``, and
+``--tables-only`` does only that (no timing: after new runs have landed in the study).
 
     python benchmarks/bench_step_cost.py [--data-dir /work/data/xtb] [--repeats 3] [--molecules ethanol ...]
+    python benchmarks/bench_step_cost.py --tables-only
 """
 from __future__ import annotations
 
@@ -72,21 +75,30 @@ def budgeted_ratio(timed: list[dict]) -> float:
     return r0.pop() if len(r0) == 1 else math.nan
 
 
-def row(molecule: str, runs: dict[str, list[dict]], stored: dict[str, dict], fresh: list[dict[str, dict]]) -> dict:
-    """One molecule's table row (floats; ``fresh`` = the repeated calibrations)."""
+TIMED = ("fresh r (each)", "fresh r (mean)", "fresh r (sd)", "load avg")  # what a molecule's calibrations measured
+
+
+def timed_columns(fresh: list[dict[str, dict]], load: str) -> dict:
+    """The :data:`TIMED` columns of a molecule's repeated calibrations ``fresh`` (``forces_clock.calibrate``)."""
     rs = [ratio(f) for f in fresh]
-    r_fresh = statistics.fmean(rs)
-    at_stored, at_fresh = on_clock(runs, ratio(stored)), on_clock(runs, r_fresh)
-    timed = at_fresh.get(MODEL + TIME_SUFFIX, [])
+    return {"fresh r (each)": " ".join(f"{x:.3f}" for x in rs), "fresh r (mean)": statistics.fmean(rs),
+            "fresh r (sd)": statistics.stdev(rs) if len(rs) > 1 else math.nan, "load avg": load}
+
+
+def row(molecule: str, runs: dict[str, list[dict]], stored: dict[str, dict], timed: dict) -> dict:
+    """One molecule's table row (floats): the stored ratio, the calibrations ``timed`` (:func:`timed_columns`)
+    and what the study's records ``runs`` read at the stored and at the fresh mean ratio."""
+    at_stored, at_fresh = on_clock(runs, ratio(stored)), on_clock(runs, timed["fresh r (mean)"])
+    time_runs = at_fresh.get(MODEL + TIME_SUFFIX, [])
     both = MODEL in runs and REFERENCE in runs
     return {"molecule": molecule, "stored r": ratio(stored),
-            "@time runs' r0": budgeted_ratio(timed) if timed else math.nan,
-            "fresh r (each)": " ".join(f"{x:.3f}" for x in rs), "fresh r (mean)": r_fresh,
-            "fresh r (sd)": statistics.stdev(rs) if len(rs) > 1 else math.nan,
-            "@time runs' time / EquiformerV2's": (time_share(timed, at_fresh[REFERENCE])
-                                                  if timed and REFERENCE in runs else math.nan),
+            "@time runs' r0": budgeted_ratio(time_runs) if time_runs else math.nan,
+            "fresh r (each)": timed["fresh r (each)"], "fresh r (mean)": timed["fresh r (mean)"],
+            "fresh r (sd)": timed["fresh r (sd)"],
+            "@time runs' time / EquiformerV2's": (time_share(time_runs, at_fresh[REFERENCE])
+                                                  if time_runs and REFERENCE in runs else math.nan),
             "target read, stored r": target_read(at_stored) if both else math.nan,
-            "target read, fresh r": target_read(at_fresh) if both else math.nan}
+            "target read, fresh r": target_read(at_fresh) if both else math.nan, "load avg": timed["load avg"]}
 
 
 def main(argv=None) -> int:
@@ -95,6 +107,8 @@ def main(argv=None) -> int:
     p.add_argument("--molecules", nargs="*", help="default: every molecule with stored step costs and data here")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rounds", type=int, default=7, help="timed rounds per calibration (the study's: 7)")
+    p.add_argument("--tables-only", action="store_true",
+                   help="time nothing: re-read the rows of step_cost.json against the current forces.json")
     args = p.parse_args(argv)
     threads = setup_threads(1)
     forces = load("forces")
@@ -102,17 +116,23 @@ def main(argv=None) -> int:
         raise SystemExit("[step-cost] no benchmarks/results/forces.json: run study_forces.py first")
     data_dir = Path(args.data_dir)
     stored = forces.get("step_costs", {})
-    molecules = args.molecules or [m for m in stored if (data_dir / m / "train").is_dir()]
-    rows = []
-    for molecule in molecules:
-        if not {MODEL, REFERENCE} <= set(stored.get(molecule, {})):
-            raise SystemExit(f"[step-cost] {molecule}: forces.json has no step costs of {MODEL} and {REFERENCE}")
-        load0 = os.getloadavg()[0]
-        fresh = [calibrate(molecule, [REFERENCE, MODEL], data_dir, FULL, rounds=args.rounds)
-                 for _ in range(args.repeats)]
-        rows.append(row(molecule, forces["runs"].get(molecule, {}), stored[molecule], fresh)
-                    | {"load avg": f"{load0:.1f}-{os.getloadavg()[0]:.1f}"})
-        print(f"[step-cost] {molecule}: r = {rows[-1]['fresh r (each)']} (stored {rows[-1]['stored r']:.3f})", flush=True)
+    previous = load("step_cost") or {}
+    timed = {r["molecule"]: {k: r[k] for k in TIMED} for r in previous.get("rows", [])}
+    if args.tables_only:
+        if not timed:
+            raise SystemExit("[step-cost] --tables-only: no benchmarks/results/step_cost.json rows to re-read")
+        args.repeats, args.rounds = previous["repeats"], previous["rounds"]
+    else:
+        for molecule in args.molecules or [m for m in stored if (data_dir / m / "train").is_dir()]:
+            if not {MODEL, REFERENCE} <= set(stored.get(molecule, {})):
+                raise SystemExit(f"[step-cost] {molecule}: forces.json has no step costs of {MODEL} and {REFERENCE}")
+            load0 = os.getloadavg()[0]
+            fresh = [calibrate(molecule, [REFERENCE, MODEL], data_dir, FULL, rounds=args.rounds)
+                     for _ in range(args.repeats)]
+            timed[molecule] = timed_columns(fresh, f"{load0:.1f}-{os.getloadavg()[0]:.1f}")
+            print(f"[step-cost] {molecule}: r = {timed[molecule]['fresh r (each)']} "
+                  f"(stored {ratio(stored[molecule]):.3f})", flush=True)
+    rows = [row(m, forces["runs"].get(m, {}), stored[m], timed[m]) for m in stored if m in timed]
     shown = [{k: (f"{v:.3f}" if k.endswith(("r", "r0", "(mean)", "(sd)")) and isinstance(v, float) else
                   f"{v:.2f}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
     table = print_table(dash_missing(shown), list(shown[0]),

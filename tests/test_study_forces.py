@@ -248,7 +248,7 @@ def test_step_cost_bench_reads_the_target_and_the_time_runs_share_at_a_fresh_rat
     assert bs.curve_read(runs, 1.2) == pytest.approx(1.8) and bs.curve_read(runs, 1.5) == pytest.approx(2.4)
     assert bs.budgeted_ratio(timed) == pytest.approx(1.2)
     fresh = [{"est-ffn": {"cpu_s": 1.0}, "est-default": {"cpu_s": x}} for x in (1.3, 1.2)]
-    row = bs.row("ethanol", runs, stored, fresh)
+    row = bs.row("ethanol", runs, stored, bs.timed_columns(fresh, "1.0-1.0"))
     assert row["stored r"] == pytest.approx(1.2) and row["fresh r (each)"] == "1.300 1.200"
     assert row["fresh r (mean)"] == pytest.approx(1.25) and row["@time runs' time / EquiformerV2's"] == pytest.approx(25 * 1.25 / 30)
     assert row["target read, stored r"] == pytest.approx(1.8) and row["target read, fresh r"] > 1.8
@@ -284,6 +284,51 @@ def test_step_cost_bench_writes_its_table_and_names_what_is_missing(bs, monkeypa
     assert row["target read, fresh r"] == pytest.approx(1.8)  # read at step 25 of 30: 18 / 10
     with pytest.raises(SystemExit, match="malonaldehyde: forces.json has no step costs of est-default and est-ffn"):
         bs.main(["--data-dir", str(data), "--molecules", "malonaldehyde"])
+
+
+def test_step_cost_bench_keeps_other_molecules_timings_and_rereads_them_without_timing(bs, monkeypatch, tmp_path):
+    """Timing one molecule keeps the others' calibrations in step_cost.json; ``--tables-only`` times nothing and
+    reads every row afresh from forces.json (here: @time runs that landed after the timing)."""
+    import json
+
+    common = importlib.import_module("common")
+    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(bs, "setup_threads", lambda n: n)
+    data = tmp_path / "data"
+    for m in ("ethanol", "aspirin"):
+        (data / m / "train").mkdir(parents=True)
+    with pytest.raises(SystemExit, match="no benchmarks/results/forces.json"):
+        bs.main(["--tables-only"])
+    ffn = [record("est-ffn", 0, 10.0, curve(2.0, [30.0, 20.0, 10.0])) | {"steps": 30}]
+    default = [record("est-default", 0, 9.0, curve(2.0, [36.0, 24.0, 12.0]))]
+    costs = {"est-ffn": {"cpu_s": 2.0}, "est-default": {"cpu_s": 2.4}}
+    forces = {"runs": {m: {"est-ffn": ffn, "est-default": default} for m in ("ethanol", "aspirin")},
+              "step_costs": {"ethanol": costs, "aspirin": costs}}
+    common.RESULTS.mkdir()
+    (common.RESULTS / "forces.json").write_text(json.dumps(forces))
+    with pytest.raises(SystemExit, match="no benchmarks/results/step_cost.json rows"):
+        bs.main(["--tables-only"])
+    r = {"ethanol": 1.2, "aspirin": 1.5}
+    monkeypatch.setattr(bs, "calibrate", lambda molecule, models, *a, **kw:
+                        {"est-ffn": {"cpu_s": 1.0}, "est-default": {"cpu_s": r[molecule]}})
+    bs.main(["--data-dir", str(data), "--repeats", "2"])
+    r["ethanol"] = 1.4
+    bs.main(["--data-dir", str(data), "--repeats", "2", "--molecules", "ethanol"])
+    rows = {x["molecule"]: x for x in json.loads((common.RESULTS / "step_cost.json").read_text())["rows"]}
+    assert rows["ethanol"]["fresh r (each)"] == "1.400 1.400" and rows["aspirin"]["fresh r (each)"] == "1.500 1.500"
+    assert math.isnan(rows["aspirin"]["@time runs' time / EquiformerV2's"])
+    timed = [record("est-default@time", 0, 9.0, curve(2.0, [36.0, 24.0])) | {
+        "steps": 25, "budget": {"steps": 30}, "time_budget": {"step_cost_s": 2.4, "reference_step_cost_s": 2.0}}]
+    forces["runs"]["aspirin"]["est-default@time"] = timed
+    (common.RESULTS / "forces.json").write_text(json.dumps(forces))
+    monkeypatch.setattr(bs, "calibrate", lambda *a, **kw: pytest.fail("--tables-only timed a step"))
+    assert bs.main(["--tables-only"]) == 0
+    again = {x["molecule"]: x for x in json.loads((common.RESULTS / "step_cost.json").read_text())["rows"]}
+    assert [again["ethanol"][k] for k in bs.TIMED] == [rows["ethanol"][k] for k in bs.TIMED]
+    assert again["ethanol"]["target read, fresh r"] == pytest.approx(rows["ethanol"]["target read, fresh r"])
+    assert again["aspirin"]["fresh r (mean)"] == pytest.approx(1.5)
+    assert again["aspirin"]["@time runs' r0"] == pytest.approx(1.2)
+    assert again["aspirin"]["@time runs' time / EquiformerV2's"] == pytest.approx(25 * 1.5 / 30)
 
 
 def test_force_metrics_keep_each_frames_force_mae(sf):
