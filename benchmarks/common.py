@@ -59,13 +59,14 @@ def dash_missing(rows: list[dict]) -> list[dict]:
 
 
 def save_figure(fig, path: Path, *, title: str | None = None, fontsize: int = 9) -> Path:
-    """``fig`` (matplotlib) with ``title`` on top, laid out tight, as a PNG at 110 dpi in ``path``; closed."""
+    """``fig`` (matplotlib) with ``title`` on top, laid out tight, as a PNG at 110 dpi in ``path``; closed. A figure
+    legend (``fig.legend``, e.g. below the axes) is kept inside the image."""
     import matplotlib.pyplot as plt
 
     if title:
         fig.suptitle(title, fontsize=fontsize)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight" if fig.legends else None)
     plt.close(fig)
     return Path(path)
 

@@ -257,7 +257,7 @@ def plot_curves(results: dict[str, dict[str, list[dict]]], plots: Path, *, clock
                 if not c:
                     continue
                 y = [p[CURVE_KEY] for p in c]
-                kw = dict(color=f"C{i}", lw=1.2, alpha=0.8, label=label(model) if j == 0 else None)
+                kw = dict(color=f"C{i}", lw=1.2, alpha=0.8, label=label(model).replace("`", "") if j == 0 else None)
                 axes[0].plot([p["step"] for p in c], y, **kw)
                 axes[1].plot([p[CLOCKS[clock]] for p in c], y, **kw)
         for ax, xlabel in zip(axes, ("optimisation steps", f"optimisation seconds ({clock} clock)")):
@@ -265,7 +265,8 @@ def plot_curves(results: dict[str, dict[str, list[dict]]], plots: Path, *, clock
             ax.set_ylabel("validation force MAE (meV/A)")
             ax.set_yscale("log")
             ax.grid(alpha=0.3, which="both")
-        axes[0].legend(fontsize=7)
+        fig.legend(*axes[0].get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2,
+                   fontsize=8, frameon=False)  # below the axes: the curves fill both panels
         written.append(save_figure(fig, plots / f"forces_{molecule}.png",
                                    title=f"{molecule} (GFN2-xTB): learning curves, one line per seed", fontsize=10))
     return written
