@@ -121,7 +121,6 @@ def main(argv=None) -> int:
     if args.tables_only:
         if not timed:
             raise SystemExit("[step-cost] --tables-only: no benchmarks/results/step_cost.json rows to re-read")
-        args.repeats, args.rounds = previous["repeats"], previous["rounds"]
     else:
         for molecule in args.molecules or [m for m in stored if (data_dir / m / "train").is_dir()]:
             if not {MODEL, REFERENCE} <= set(stored.get(molecule, {})):
@@ -135,10 +134,11 @@ def main(argv=None) -> int:
     rows = [row(m, forces["runs"].get(m, {}), stored[m], timed[m]) for m in stored if m in timed]
     shown = [{k: (f"{v:.3f}" if k.endswith(("r", "r0", "(mean)", "(sd)")) and isinstance(v, float) else
                   f"{v:.2f}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
+    repeats, rounds = (previous["repeats"], previous["rounds"]) if args.tables_only else (args.repeats, args.rounds)
     table = print_table(dash_missing(shown), list(shown[0]),
-                        f"r = {MODEL} / {REFERENCE} step cost, {args.repeats} fresh calibrations of {args.rounds} "
+                        f"r = {MODEL} / {REFERENCE} step cost, {repeats} fresh calibrations of {rounds} "
                         f"rounds each, {threads} thread")
-    save("step_cost", {"description": __doc__.split("\n")[0], "repeats": args.repeats, "rounds": args.rounds,
+    save("step_cost", {"description": __doc__.split("\n")[0], "repeats": repeats, "rounds": rounds,
                        "rows": rows, "tables": {"step-cost": table.split("\n", 2)[2]}})
     return 0
 
