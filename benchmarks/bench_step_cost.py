@@ -122,9 +122,11 @@ def main(argv=None) -> int:
         if not timed:
             raise SystemExit("[step-cost] --tables-only: no benchmarks/results/step_cost.json rows to re-read")
     else:
-        for molecule in args.molecules or [m for m in stored if (data_dir / m / "train").is_dir()]:
+        molecules = args.molecules or [m for m in stored if (data_dir / m / "train").is_dir()]
+        for molecule in molecules:  # all checked before any is timed
             if not {MODEL, REFERENCE} <= set(stored.get(molecule, {})):
                 raise SystemExit(f"[step-cost] {molecule}: forces.json has no step costs of {MODEL} and {REFERENCE}")
+        for molecule in molecules:
             load0 = os.getloadavg()[0]
             fresh = [calibrate(molecule, [REFERENCE, MODEL], data_dir, FULL, rounds=args.rounds)
                      for _ in range(args.repeats)]

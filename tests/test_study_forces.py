@@ -282,8 +282,10 @@ def test_step_cost_bench_writes_its_table_and_names_what_is_missing(bs, monkeypa
     (row,) = json.loads((common.RESULTS / "step_cost.json").read_text())["rows"]
     assert row["molecule"] == "ethanol" and row["fresh r (each)"] == "1.200 1.200"
     assert row["target read, fresh r"] == pytest.approx(1.8)  # read at step 25 of 30: 18 / 10
+    calls.clear()
     with pytest.raises(SystemExit, match="malonaldehyde: forces.json has no step costs of est-default and est-ffn"):
-        bs.main(["--data-dir", str(data), "--molecules", "malonaldehyde"])
+        bs.main(["--data-dir", str(data), "--molecules", "ethanol", "malonaldehyde"])
+    assert calls == []  # checked before anything is timed
 
 
 def test_step_cost_bench_keeps_other_molecules_timings_and_rereads_them_without_timing(bs, monkeypatch, tmp_path):
