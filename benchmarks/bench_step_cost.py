@@ -64,11 +64,6 @@ def target_read(clocked: dict[str, list[dict]]) -> float:
     return statistics.fmean(read) if read else math.nan
 
 
-def curve_read(runs: dict[str, list[dict]], r: float) -> float:
-    """:func:`target_read` with the cost ratio ``r``."""
-    return target_read(on_clock(runs, r))
-
-
 def budgeted_ratio(timed: list[dict]) -> float:
     """:math:`r_0`, the ratio the ``@time`` runs were budgeted with (their ``time_budget``; nan if they differ)."""
     r0 = {round(rec["time_budget"]["step_cost_s"] / rec["time_budget"]["reference_step_cost_s"], 6) for rec in timed}

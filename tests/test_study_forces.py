@@ -243,9 +243,9 @@ def test_step_cost_bench_reads_the_target_and_the_time_runs_share_at_a_fresh_rat
     study = {"ethanol": copy.deepcopy(runs)}
     fc.with_step_cost_clock(study, {"ethanol": stored})
     pairs = ft.equal_time(study["ethanol"]["est-default"], study["ethanol"]["est-ffn"], clock="step-cost")
-    assert bs.curve_read(runs, 1.2) == pytest.approx(pairs[0]["ratio"])
+    assert bs.target_read(bs.on_clock(runs, 1.2)) == pytest.approx(pairs[0]["ratio"])
     # r = 1.2: EquiformerV2 ends at 30 steps (10 meV/A); the EST default is read at 25 steps, 18 meV/A
-    assert bs.curve_read(runs, 1.2) == pytest.approx(1.8) and bs.curve_read(runs, 1.5) == pytest.approx(2.4)
+    assert bs.target_read(bs.on_clock(runs, 1.2)) == pytest.approx(1.8) and bs.target_read(bs.on_clock(runs, 1.5)) == pytest.approx(2.4)
     assert bs.budgeted_ratio(timed) == pytest.approx(1.2)
     fresh = [{"est-ffn": {"cpu_s": 1.0}, "est-default": {"cpu_s": x}} for x in (1.3, 1.2)]
     row = bs.row("ethanol", runs, stored, bs.timed_columns(fresh, "1.0-1.0"))
@@ -255,24 +255,33 @@ def test_step_cost_bench_reads_the_target_and_the_time_runs_share_at_a_fresh_rat
     assert "cost_seconds" not in runs["est-ffn"][0]["curve"][0]  # the records read are left as they were
 
 
+def step_cost_results(bs, monkeypatch, tmp_path, molecules):
+    """bench_step_cost's results folder in ``tmp_path`` (torch's thread count untouched), a data folder with
+    ``molecules``, and the records both main() tests write: one est-ffn and one est-default run per molecule
+    (EquiformerV2 10 meV/A at step 30; the default read at step 25: 18 meV/A) at step costs 2.0 / 2.4 s."""
+    common = importlib.import_module("common")
+    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(bs, "setup_threads", lambda n: n)  # the suite's torch thread count stays as it is
+    data = tmp_path / "data"
+    for m in molecules:
+        (data / m / "train").mkdir(parents=True)
+    ffn = [record("est-ffn", 0, 10.0, curve(2.0, [30.0, 20.0, 10.0])) | {"steps": 30}]
+    default = [record("est-default", 0, 9.0, curve(2.0, [36.0, 24.0, 12.0]))]
+    costs = {"est-ffn": {"cpu_s": 2.0}, "est-default": {"cpu_s": 2.4}}
+    return common, data, {"est-ffn": ffn, "est-default": default}, costs
+
+
 def test_step_cost_bench_writes_its_table_and_names_what_is_missing(bs, monkeypatch, tmp_path):
     """bench_step_cost.main with the timing replaced: one row per molecule with data, step_cost.json written;
     no forces.json, or a molecule without both step costs, is a clear error."""
     import json
 
-    common = importlib.import_module("common")
-    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
-    monkeypatch.setattr(bs, "setup_threads", lambda n: n)  # the suite's torch thread count stays as it is
-    data = tmp_path / "data"
-    (data / "ethanol" / "train").mkdir(parents=True)
+    common, data, runs, costs = step_cost_results(bs, monkeypatch, tmp_path, ["ethanol"])
     with pytest.raises(SystemExit, match="no benchmarks/results/forces.json"):
         bs.main(["--data-dir", str(data)])
-    ffn = [record("est-ffn", 0, 10.0, curve(2.0, [30.0, 20.0, 10.0])) | {"steps": 30}]
-    default = [record("est-default", 0, 9.0, curve(2.0, [36.0, 24.0, 12.0]))]
-    costs = {"est-ffn": {"cpu_s": 2.0}, "est-default": {"cpu_s": 2.4}}
     common.RESULTS.mkdir()
     (common.RESULTS / "forces.json").write_text(json.dumps({
-        "runs": {"ethanol": {"est-ffn": ffn, "est-default": default}},
+        "runs": {"ethanol": runs},
         "step_costs": {"ethanol": costs, "aspirin": costs, "malonaldehyde": {"est-ffn": {"cpu_s": 1.0}}}}))
     calls = []
     monkeypatch.setattr(bs, "calibrate", lambda molecule, models, *a, **kw: calls.append((molecule, models)) or
@@ -293,18 +302,10 @@ def test_step_cost_bench_keeps_other_molecules_timings_and_rereads_them_without_
     reads every row afresh from forces.json (here: @time runs that landed after the timing)."""
     import json
 
-    common = importlib.import_module("common")
-    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
-    monkeypatch.setattr(bs, "setup_threads", lambda n: n)
-    data = tmp_path / "data"
-    for m in ("ethanol", "aspirin"):
-        (data / m / "train").mkdir(parents=True)
+    common, data, runs, costs = step_cost_results(bs, monkeypatch, tmp_path, ["ethanol", "aspirin"])
     with pytest.raises(SystemExit, match="no benchmarks/results/forces.json"):
         bs.main(["--tables-only"])
-    ffn = [record("est-ffn", 0, 10.0, curve(2.0, [30.0, 20.0, 10.0])) | {"steps": 30}]
-    default = [record("est-default", 0, 9.0, curve(2.0, [36.0, 24.0, 12.0]))]
-    costs = {"est-ffn": {"cpu_s": 2.0}, "est-default": {"cpu_s": 2.4}}
-    forces = {"runs": {m: {"est-ffn": ffn, "est-default": default} for m in ("ethanol", "aspirin")},
+    forces = {"runs": {m: copy.deepcopy(runs) for m in ("ethanol", "aspirin")},
               "step_costs": {"ethanol": costs, "aspirin": costs}}
     common.RESULTS.mkdir()
     (common.RESULTS / "forces.json").write_text(json.dumps(forces))
