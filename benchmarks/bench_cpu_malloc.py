@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """CPU training step and MD call with glibc's default allocation and with ``trainer.keep_freed_memory``
-(est.train.malloc).
+(est.train.malloc), est's models and MACE.
 
 Per molecule of the GFN2-xTB set (``python -m est.data.xtb``) and per setting,
 one fresh process on one thread times an optimisation step of est's
@@ -9,13 +9,16 @@ study's models, batch and trainer settings (``forces_clock.calibrate``:
 median CPU seconds of 7 rounds after 2 warm-up on the same batches); before
 that, one ``ESTCalculator`` energy-and-forces call on the molecule in
 float64 (the study's MD; random weights, median of 30); and it records the
-process's peak resident memory (the setting's cost). The settings alternate
+process's peak resident memory (the setting's cost). After them, where the
+MACE venv is installed, MACE's step under the same setting
+(``forces_clock.mace_step_cost``: a short ``run_train`` of the study's
+config, its allocator set through the environment). The settings alternate
 twice (default, kept, default, kept), so a change of the machine's load
 shows up as a spread between the two processes of one setting; the table
 gives their mean and the ratio of the means. Linux with glibc only
 (elsewhere the setting changes nothing).
 
-    python benchmarks/bench_cpu_malloc.py --data-dir /work/data/xtb [--molecules ethanol paracetamol]
+    python benchmarks/bench_cpu_malloc.py --data-dir /work/data/xtb [--molecules ethanol paracetamol] [--root runs/forces]
 """
 from __future__ import annotations
 
@@ -39,19 +42,24 @@ MODELS = ("est-ffn", "est-default")
 SETTINGS = ("glibc default", "keep_freed_memory")
 
 
-def one(setting: str, molecule: str, data_dir: Path) -> dict:
-    """Step costs of :data:`MODELS` in this process under ``setting``, and its peak resident memory (MiB)."""
+def one(setting: str, molecule: str, data_dir: Path, root: Path) -> dict:
+    """Step costs of :data:`MODELS` in this process under ``setting``, its peak resident memory (MiB), and
+    MACE's step cost under ``setting`` (its exported frames cached under ``root``) where its venv is."""
     if setting == SETTINGS[1]:
         from est.train.malloc import keep_freed_memory
 
         if not keep_freed_memory():
             raise SystemExit("[malloc] the C library is not glibc: nothing to compare")
-    from forces_clock import calibrate
-    from forces_setup import FULL
+    import mace_baseline as mb
+    from forces_clock import calibrate, mace_step_cost
+    from forces_setup import FULL, MACE
 
     md = md_call_ms(molecule, data_dir)  # first, before training grows the heap
-    costs = calibrate(molecule, list(MODELS), data_dir, FULL)
-    return {"costs": costs, "md_call_ms": md, "max_rss_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+    costs = calibrate(molecule, list(MODELS), data_dir, FULL, keep_freed=False)  # the setting above
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    if mb.available():
+        costs[MACE] = mace_step_cost(molecule, data_dir, root, FULL, keep_freed=setting == SETTINGS[1])
+    return {"costs": costs, "md_call_ms": md, "max_rss_MiB": rss}
 
 
 def md_call_ms(molecule: str, data_dir: Path, *, calls: int = 30, warmup: int = 3) -> dict[str, float]:
@@ -90,36 +98,44 @@ def main(argv=None) -> int:
     p.add_argument("--data-dir", default=os.environ.get("EST_XTB_DIR", "runs/data/xtb"))
     p.add_argument("--molecules", nargs="+", default=["ethanol", "paracetamol"])
     p.add_argument("--repeats", type=int, default=2, help="processes per setting, alternating")
+    p.add_argument("--root", default="runs/forces", help="where the force study caches MACE's exported frames")
     p.add_argument("--one", nargs=2, metavar=("SETTING", "MOLECULE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     data_dir = Path(args.data_dir)
     if args.one:
-        print(json.dumps(one(args.one[0], args.one[1], data_dir)))
+        print(json.dumps(one(args.one[0], args.one[1], data_dir, Path(args.root))))
         return 0
+    import mace_baseline as mb
+
+    env = {k: v for k, v in os.environ.items() if k not in mb.KEEP_FREED_ENV}  # each process starts at glibc's default
     runs: dict[str, dict[str, list[dict]]] = {}
     for molecule in args.molecules:
         runs[molecule] = {s: [] for s in SETTINGS}
         for _ in range(args.repeats):
             for setting in SETTINGS:
-                out = subprocess.run([sys.executable, __file__, "--one", setting, molecule, "--data-dir", str(data_dir)],
-                                     check=True, capture_output=True, text=True).stdout
+                out = subprocess.run([sys.executable, __file__, "--one", setting, molecule, "--data-dir", str(data_dir),
+                                      "--root", args.root],
+                                     check=True, capture_output=True, text=True, env=env).stdout
                 runs[molecule][setting].append(json.loads(out.strip().splitlines()[-1]))
     rows = []
     for molecule, per in runs.items():
-        ms = {s: {m: statistics.fmean(1000.0 * r["costs"][m]["cpu_s"] for r in per[s]) for m in MODELS} for s in SETTINGS}
+        models = [m for m in per[SETTINGS[0]][0]["costs"] if all(m in r["costs"] for s in SETTINGS for r in per[s])]
+        ms = {s: {m: statistics.fmean(1000.0 * r["costs"][m]["cpu_s"] for r in per[s]) for m in models} for s in SETTINGS}
         rss = {s: max(r["max_rss_MiB"] for r in per[s]) for s in SETTINGS}
         md = {s: {m: statistics.fmean(r["md_call_ms"][m] for r in per[s]) for m in MODELS} for s in SETTINGS}
-        for m in MODELS:
+        for m in models:
             spread = {s: [f"{1000.0 * r['costs'][m]['cpu_s']:.0f}" for r in per[s]] for s in SETTINGS}
             rows.append({"molecule": molecule, "model": m,
                          "ms/step, glibc default": f"{ms[SETTINGS[0]][m]:.0f} ({' / '.join(spread[SETTINGS[0]])})",
                          "ms/step, keep_freed_memory": f"{ms[SETTINGS[1]][m]:.0f} ({' / '.join(spread[SETTINGS[1]])})",
                          "kept / default": f"{ms[SETTINGS[1]][m] / ms[SETTINGS[0]][m]:.2f}",
-                         "EST default / EquiformerV2, default": f"{ms[SETTINGS[0]][MODELS[1]] / ms[SETTINGS[0]][MODELS[0]]:.3f}",
-                         "EST default / EquiformerV2, kept": f"{ms[SETTINGS[1]][MODELS[1]] / ms[SETTINGS[1]][MODELS[0]]:.3f}",
-                         "MD call ms (default / kept)": f"{md[SETTINGS[0]][m]:.1f} / {md[SETTINGS[1]][m]:.1f}",
-                         "MD kept / default": f"{md[SETTINGS[1]][m] / md[SETTINGS[0]][m]:.2f}",
-                         "peak RSS MiB (default / kept)": f"{rss[SETTINGS[0]]:.0f} / {rss[SETTINGS[1]]:.0f}"})
+                         "step / EquiformerV2's, default": f"{ms[SETTINGS[0]][m] / ms[SETTINGS[0]][MODELS[0]]:.3f}",
+                         "step / EquiformerV2's, kept": f"{ms[SETTINGS[1]][m] / ms[SETTINGS[1]][MODELS[0]]:.3f}",
+                         "MD call ms (default / kept)": (f"{md[SETTINGS[0]][m]:.1f} / {md[SETTINGS[1]][m]:.1f}"
+                                                         if m in MODELS else "-"),
+                         "MD kept / default": f"{md[SETTINGS[1]][m] / md[SETTINGS[0]][m]:.2f}" if m in MODELS else "-",
+                         "peak RSS MiB (default / kept)": (f"{rss[SETTINGS[0]]:.0f} / {rss[SETTINGS[1]]:.0f}"
+                                                           if m in MODELS else "-")})
     cols = list(rows[0])
     table = print_table(rows, cols, "CPU training step and MD call: glibc's default allocation vs keep_freed_memory "
                                     "(one thread, the force study's batch of 16; per-process values in brackets)")

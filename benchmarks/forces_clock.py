@@ -91,18 +91,29 @@ def steady_ms_per_step(curve: list[dict], key: str = "cpu_seconds") -> float:
     return 1000.0 * (curve[-1][key] - curve[0][key]) / (curve[-1]["step"] - curve[0]["step"])
 
 
+#: the C allocator every step cost is timed under (``"allocator"`` of each entry): glibc keeping freed
+#: memory (``est.train.malloc``), in this process for the est models and in MACE's (``MaceTrainConfig``).
+#: glibc's default unmaps large freed blocks, and the page faults that costs on every step are an artefact
+#: of the allocator that falls on the models unevenly (MACE in float64 more than est; ``bench_cpu_malloc.py``)
+ALLOCATOR = "keep_freed_memory"
+
+
 def calibrate(molecule: str, models: list[str], data_dir: Path, budget: Budget, *, rounds: int = 7,
-              warmup: int = 2) -> dict[str, dict[str, float]]:
-    """``{model: {"cpu_s", "wall_s"}}``: median seconds of one optimisation step of each est model, timed
-    round-robin (every model once per round, the same training batch) in this process on one thread, so
-    that the machine's load falls on all models alike and their ratio is fair."""
+              warmup: int = 2, keep_freed: bool = True) -> dict[str, dict[str, Any]]:
+    """``{model: {"cpu_s", "wall_s", "rounds", "allocator"}}``: median seconds of one optimisation step of
+    each est model, timed round-robin (every model once per round, the same training batch) in this process
+    on one thread, so that the machine's load falls on all models alike and their ratio is fair.
+    ``keep_freed`` turns :data:`ALLOCATOR` on for this process first (for good); False leaves the process's
+    allocator as it is (``allocator``: ``"as started"``)."""
     import tempfile
 
     import torch
 
     from est.train import Trainer, load_config
     from est.train.data import make_loader
+    from est.train.malloc import keep_freed_memory
 
+    allocator = ALLOCATOR if keep_freed and keep_freed_memory() else "as started"
     torch.set_num_threads(1)
     datasets = est_datasets(data_dir, molecule, budget)
     times: dict[str, dict[str, list[float]]] = {m: {"cpu_s": [], "wall_s": []} for m in models}
@@ -119,42 +130,47 @@ def calibrate(molecule: str, models: list[str], data_dir: Path, budget: Budget, 
                 if r >= warmup:
                     times[m]["wall_s"].append(time.perf_counter() - w0)
                     times[m]["cpu_s"].append(time.process_time() - c0)
-    return {m: {k: statistics.median(v) for k, v in t.items()} | {"rounds": rounds} for m, t in times.items()}
+    return {m: {k: statistics.median(v) for k, v in t.items()} | {"rounds": rounds, "allocator": allocator}
+            for m, t in times.items()}
 
 
 def mace_step_cost(molecule: str, data_dir: Path, root: Path, budget: Budget, *, dtype: str = "float64",
-                   steps: int = 12, warmup: int = 3) -> dict[str, Any]:
-    """``{"cpu_s", "wall_s", "steps", "source"}``: seconds of one MACE optimisation step on one thread, the
-    median of MACE's own per-step times (its results file) over ``steps`` steps after ``warmup``, from one
-    epoch of ``run_train`` with the study's config and batch size on the first ``(warmup + steps) x batch``
-    training frames, in a temporary folder (the study's runs are not touched). On one thread the step's
-    wall time is its CPU time."""
+                   steps: int = 12, warmup: int = 3, keep_freed: bool = True) -> dict[str, Any]:
+    """``{"cpu_s", "wall_s", "steps", "allocator", "source"}``: seconds of one MACE optimisation step on one
+    thread, the median of MACE's own per-step times (its results file) over ``steps`` steps after ``warmup``,
+    from one epoch of ``run_train`` with the study's config and batch size on the first ``(warmup + steps) x
+    batch`` training frames, in a temporary folder (the study's runs are not touched), glibc keeping freed
+    memory (:data:`ALLOCATOR`) as the est models do (``keep_freed=False``: glibc's default, ``"glibc
+    default"``). On one thread the step's wall time is its CPU time."""
     import tempfile
 
     files = mace_files(data_dir, molecule, root, budget)
     with tempfile.TemporaryDirectory() as tmp:
         sub = Path(tmp) / "train.xyz"
         mb.export_xyz(molecule_dir(data_dir, molecule) / "train", sub, limit=(warmup + steps) * budget.batch_size)
-        cfg = mb.MaceTrainConfig(seed=0, epochs=1, threads=1, batch_size=budget.batch_size, default_dtype=dtype)
+        cfg = mb.MaceTrainConfig(seed=0, epochs=1, threads=1, batch_size=budget.batch_size, default_dtype=dtype,
+                                 keep_freed_memory=keep_freed)
         mb.train(cfg, train_xyz=str(sub), test_xyz=None, valid_xyz=files["valid"], run_dir=str(Path(tmp) / "mace"))
         times = [t for epoch in mb.epoch_step_times(Path(tmp) / "mace").values() for t in epoch][warmup:]
     if len(times) < steps:
         raise RuntimeError(f"MACE logged {len(times) + warmup} step times, {warmup + steps} expected")
     t = statistics.median(times)
-    return {"cpu_s": t, "wall_s": t, "steps": len(times), "source": f"MACE run_train, {dtype}, median of {len(times)} steps"}
+    return {"cpu_s": t, "wall_s": t, "steps": len(times), "allocator": ALLOCATOR if keep_freed else "glibc default",
+            "source": f"MACE run_train, {dtype}, median of {len(times)} steps"}
 
 
 def step_costs(root: Path, molecule: str, models: list[str], data_dir: Path, budget: Budget, *,
                fresh: bool = False, mace_dtype: str = "float64") -> dict[str, dict[str, float]]:
     """The stored step costs of ``ROOT/<molecule>/step_costs.json``, calibrated (the est models together,
-    round-robin, then MACE, so they stay comparable) when one of ``models`` is missing or ``fresh``. A root
+    round-robin, then MACE, so they stay comparable) when one of ``models`` is missing, one stored cost
+    predates the allocator rule (no ``"allocator"``: all are re-timed, never a mix) or ``fresh``. A root
     without the file (a fresh clone, another machine) starts from the costs recorded in
     ``benchmarks/results/forces.json`` (``step_costs``), so ``--tables-only`` there reproduces the committed
     tables instead of re-timing the runs on a machine they never ran on."""
     path = Path(root) / molecule / "step_costs.json"
     stored = json.loads(path.read_text()) if path.exists() else recorded_step_costs(molecule)
     wanted = sorted(set(models) | set(stored))
-    if fresh or any(m not in stored for m in models):
+    if fresh or any(m not in stored for m in models) or any("allocator" not in c for c in stored.values()):
         from est.data.cache import atomic_json
 
         est_models, time_mace = [m for m in wanted if m != MACE], MACE in wanted and mb.available()

@@ -51,6 +51,12 @@ frames (:func:`mace_step_cost`: the median of MACE's own per-step times after
 warm-up, same batch size, one thread), so a quiet machine during
 ``--calibrate`` makes its cost comparable; without that timing (no venv) its
 cost is its own run's CPU seconds per step, which carry that run's load.
+Every step cost is timed with glibc keeping freed memory (``est.train.malloc``;
+``forces_clock.ALLOCATOR``, recorded as ``allocator``): glibc's default
+unmaps large freed blocks and the page faults cost MACE's float64 step up to
+1.5x against est's 1.0-1.25x, an allocator artefact, not the models' work
+(``bench_cpu_malloc.py``). MACE's own training runs keep freed memory too,
+for speed only.
 ``--clock cpu``
 / ``wall`` use each run's own CPU / wall seconds instead. The learning-rate schedule
 follows the step budget, so a curve read before its end is mid-schedule: the
@@ -229,7 +235,8 @@ def run_mace(molecule: str, seed: int, rd: Path, data_dir: Path, root: Path, bud
 
     files = mace_files(data_dir, molecule, root, budget)
     n_train = len(split_indices(len(LmdbDataset(str(molecule_dir(data_dir, molecule) / "train"))), budget)[0])
-    cfg = mb.MaceTrainConfig(seed=seed, threads=1, batch_size=budget.batch_size, default_dtype=dtype)
+    cfg = mb.MaceTrainConfig(seed=seed, threads=1, batch_size=budget.batch_size, default_dtype=dtype,
+                             keep_freed_memory=True)  # speed only: its clock is mace_step_cost
     cfg = replace(cfg, epochs=cfg.epochs_for_steps(budget.steps, n_train, valid_given=True))
     print(f"[forces] {molecule}/mace/seed {seed}: {cfg.epochs} epochs of {cfg.steps_per_epoch(n_train, valid_given=True)} "
           f"steps, {dtype}", flush=True)

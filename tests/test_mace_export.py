@@ -145,6 +145,25 @@ def test_train_config_and_arguments(mb):
         mb.MaceTrainConfig(default_dtype="float16")
 
 
+def test_allocator_of_the_mace_process_is_the_configs_not_the_shells(mb, monkeypatch):
+    """``keep_freed_memory`` sets glibc's variables for MACE's process; without it they are removed even when
+    the calling shell has them, so a run's speed does not depend on how its parent was started. The flag is
+    no ``run_train`` argument, and the CLI takes it as a switch."""
+    monkeypatch.setenv("MALLOC_MMAP_MAX_", "0")
+    env = mb._thread_env(1)
+    assert not any(k in env for k in mb.KEEP_FREED_ENV) and env["OMP_NUM_THREADS"] == "1"
+    monkeypatch.delenv("MALLOC_MMAP_MAX_")
+    assert {k: mb._thread_env(2, True)[k] for k in mb.KEEP_FREED_ENV} == mb.KEEP_FREED_ENV
+    cfg = mb.MaceTrainConfig(keep_freed_memory=True)
+    assert not any("keep_freed" in a or "malloc" in a.lower() for a in mb.train_argv(cfg, train_xyz="a", test_xyz=None,
+                                                                                         run_dir="r"))
+    seen = []
+    monkeypatch.setattr(mb, "train", lambda cfg, **kw: seen.append(cfg) or {})
+    for flags, want in (([], False), (["--keep-freed-memory"], True), (["--no-keep-freed-memory"], False)):
+        mb.main(["train", "--train", "a.xyz", "--run-dir", "r", *flags])
+        assert seen[-1].keep_freed_memory is want and seen[-1].epochs == 50
+
+
 def test_nve_md_with_an_ase_calculator(mb):
     """The MD helper needs only an ASE calculator: a relaxed EMT Cu13 stays together and conserves energy;
     a shrunken reference geometry makes every bond look stretched 1.67x and flags a break."""

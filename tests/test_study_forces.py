@@ -164,23 +164,28 @@ def test_overview_has_two_ratio_columns_per_molecule_with_a_reference(ft):
 def test_fresh_root_takes_the_recorded_step_costs_without_timing(fs, fc, sf, monkeypatch, tmp_path):
     """A clone without ``runs/forces`` must not re-time the committed runs on its own machine (the equal-time
     tables would then move with the machine): the costs recorded in forces.json are used; a model they lack
-    is still calibrated."""
+    is still calibrated, and costs timed before the allocator rule (no ``allocator``) are all re-timed."""
     import json
 
     common = sys.modules["common"]
     monkeypatch.setattr(common, "RESULTS", tmp_path)
-    recorded = {"aspirin": {"est-ffn": {"cpu_s": 2.0}, "mace": {"cpu_s": 3.0, "source": "MACE run_train"}}}
+    kept = {"allocator": fc.ALLOCATOR}
+    recorded = {"aspirin": {"est-ffn": {"cpu_s": 2.0} | kept, "mace": {"cpu_s": 3.0, "source": "MACE run_train"} | kept},
+                "ethanol": {"est-ffn": {"cpu_s": 2.0} | kept, "est-default": {"cpu_s": 2.5}}}
     (tmp_path / "forces.json").write_text(json.dumps({"runs": {}, "step_costs": recorded}))
     timed = []
     monkeypatch.setattr(fc, "calibrate", lambda molecule, models, *a, **k: timed.append(models) or
-                        {m: {"cpu_s": 9.0} for m in models})
+                        {m: {"cpu_s": 9.0} | kept for m in models})
     monkeypatch.setattr(sf.mb, "available", lambda: False)  # MACE not re-timed here
     root = tmp_path / "root"
     assert fc.step_costs(root, "aspirin", ["est-ffn"], tmp_path, fs.FULL) == recorded["aspirin"]
     assert timed == [] and not (root / "aspirin" / "step_costs.json").exists()
-    assert fc.recorded_step_costs("ethanol") == {}
+    assert fc.recorded_step_costs("malonaldehyde") == {}
     costs = fc.step_costs(root, "aspirin", ["est-ffn", "est-default"], tmp_path, fs.FULL)
     assert timed == [["est-default", "est-ffn"]] and costs["est-default"]["cpu_s"] == 9.0
+    # ethanol's est-default was timed under the old protocol: both est models are re-timed together
+    costs = fc.step_costs(root, "ethanol", ["est-ffn"], tmp_path, fs.FULL)
+    assert timed[-1] == ["est-default", "est-ffn"] and costs["est-ffn"]["cpu_s"] == 9.0
 
 
 def test_time_runs_train_the_steps_that_cost_what_the_references_cost(fs, fc, monkeypatch, tmp_path):

@@ -99,7 +99,7 @@ RUN_NAME = "mace"
 #: written by :func:`train` next to MACE's own outputs
 TRAIN_RECORD = "est_train.json"
 #: config fields a rerun may change: more epochs continue from the latest checkpoint
-_RESUMABLE = ("epochs", "threads")
+_RESUMABLE = ("epochs", "threads", "keep_freed_memory")
 
 
 # ----------------------------------------------------------------------------- environment
@@ -112,8 +112,17 @@ def available() -> bool:
     return venv_python().exists()
 
 
-def _thread_env(threads: int) -> Dict[str, str]:
-    env = dict(os.environ)
+#: the environment form of ``est.train.malloc.keep_freed_memory``: no ``mmap`` for large blocks, heap kept
+#: up to 2 GiB free at its top (glibc reads these when the process starts; other C libraries ignore them)
+KEEP_FREED_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1)}
+
+
+def _thread_env(threads: int, keep_freed_memory: bool = False) -> Dict[str, str]:
+    """The MACE process's environment: ``threads`` threads, and glibc's allocator as asked (the
+    :data:`KEEP_FREED_ENV` variables set, else removed, so the caller's shell does not decide it)."""
+    env = {k: v for k, v in os.environ.items() if k not in KEEP_FREED_ENV}
+    if keep_freed_memory:
+        env.update(KEEP_FREED_ENV)
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env[k] = str(threads)
     # the MACE venv must not see est's checkout on PYTHONPATH (it has no est, and e3nn differs)
@@ -232,6 +241,8 @@ class MaceTrainConfig:
     default_dtype: str = "float64"
     valid_fraction: float = 0.05
     eval_interval: int = 1
+    #: glibc keeps freed memory in the MACE process (:func:`_thread_env`); speed only, the results are the same
+    keep_freed_memory: bool = False
 
     def __post_init__(self) -> None:
         if self.default_dtype not in ("float32", "float64"):
@@ -330,7 +341,7 @@ def train(cfg: MaceTrainConfig, *, train_xyz: str, test_xyz: Optional[str], run_
     argv = [str(venv_python()), "-m", "mace.cli.run_train",
             *train_argv(cfg, train_xyz=files[0], test_xyz=files[1], run_dir=str(run), valid_xyz=files[2])]
     t0, cpu0 = time.perf_counter(), _children_cpu()
-    code = _run_child(argv, env=_thread_env(cfg.threads), log=log or run / "train.log", cwd=run)
+    code = _run_child(argv, env=_thread_env(cfg.threads, cfg.keep_freed_memory), log=log or run / "train.log", cwd=run)
     wall, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
     record = {"config": asdict(cfg), "command": argv, "calls": record.get("calls", []) + [round(wall, 3)],
               "wall_s": round(record.get("wall_s", 0.0) + wall, 3),
@@ -682,8 +693,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     defaults = MaceTrainConfig()
     for name, value in asdict(defaults).items():
         flag = "--" + name.replace("_", "-")
-        kind = type(value) if value is not None else float
-        t.add_argument(flag, type=kind, default=value)
+        if isinstance(value, bool):
+            t.add_argument(flag, action=argparse.BooleanOptionalAction, default=value)
+        else:
+            t.add_argument(flag, type=type(value) if value is not None else float, default=value)
 
     v = sub.add_parser("evaluate", help="test errors of a trained model (MACE venv)")
     v.add_argument("--model", required=True)
