@@ -36,6 +36,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "baseline"))
 
+import mace_baseline as mb  # noqa: E402  (standard library only at import)
 from common import print_table, save  # noqa: E402
 
 MODELS = ("est-ffn", "est-default")
@@ -50,7 +51,6 @@ def one(setting: str, molecule: str, data_dir: Path, root: Path) -> dict:
 
         if not keep_freed_memory():
             raise SystemExit("[malloc] the C library is not glibc: nothing to compare")
-    import mace_baseline as mb
     from forces_clock import calibrate, mace_step_cost
     from forces_setup import FULL, MACE
 
@@ -60,6 +60,19 @@ def one(setting: str, molecule: str, data_dir: Path, root: Path) -> dict:
     if mb.available():
         costs[MACE] = mace_step_cost(molecule, data_dir, root, FULL, keep_freed=setting == SETTINGS[1])
     return {"costs": costs, "md_call_ms": md, "max_rss_MiB": rss}
+
+
+#: the columns only est's models have: the calculator call and this process's memory (MACE runs in its own)
+EST_COLUMNS = ("MD call ms (default / kept)", "MD kept / default", "peak RSS MiB (default / kept)")
+
+
+def est_columns(md: dict[str, dict[str, float]], rss: dict[str, float], model: str) -> dict[str, str]:
+    """The :data:`EST_COLUMNS` of ``model``: mean MD call ms per setting (``md[setting][model]``), their
+    ratio, and the peak resident memory per setting."""
+    default, kept = SETTINGS
+    return dict(zip(EST_COLUMNS, (f"{md[default][model]:.1f} / {md[kept][model]:.1f}",
+                                  f"{md[kept][model] / md[default][model]:.2f}",
+                                  f"{rss[default]:.0f} / {rss[kept]:.0f}")))
 
 
 def md_call_ms(molecule: str, data_dir: Path, *, calls: int = 30, warmup: int = 3) -> dict[str, float]:
@@ -105,8 +118,6 @@ def main(argv=None) -> int:
     if args.one:
         print(json.dumps(one(args.one[0], args.one[1], data_dir, Path(args.root))))
         return 0
-    import mace_baseline as mb
-
     env = {k: v for k, v in os.environ.items() if k not in mb.KEEP_FREED_ENV}  # each process starts at glibc's default
     runs: dict[str, dict[str, list[dict]]] = {}
     for molecule in args.molecules:
@@ -131,11 +142,7 @@ def main(argv=None) -> int:
                          "kept / default": f"{ms[SETTINGS[1]][m] / ms[SETTINGS[0]][m]:.2f}",
                          "step / EquiformerV2's, default": f"{ms[SETTINGS[0]][m] / ms[SETTINGS[0]][MODELS[0]]:.3f}",
                          "step / EquiformerV2's, kept": f"{ms[SETTINGS[1]][m] / ms[SETTINGS[1]][MODELS[0]]:.3f}",
-                         "MD call ms (default / kept)": (f"{md[SETTINGS[0]][m]:.1f} / {md[SETTINGS[1]][m]:.1f}"
-                                                         if m in MODELS else "-"),
-                         "MD kept / default": f"{md[SETTINGS[1]][m] / md[SETTINGS[0]][m]:.2f}" if m in MODELS else "-",
-                         "peak RSS MiB (default / kept)": (f"{rss[SETTINGS[0]]:.0f} / {rss[SETTINGS[1]]:.0f}"
-                                                           if m in MODELS else "-")})
+                         **(est_columns(md, rss, m) if m in MODELS else dict.fromkeys(EST_COLUMNS, "-"))})
     cols = list(rows[0])
     table = print_table(rows, cols, "CPU training step and MD call: glibc's default allocation vs keep_freed_memory "
                                     "(one thread, the force study's batch of 16; per-process values in brackets)")

@@ -154,6 +154,9 @@ def test_allocator_of_the_mace_process_is_the_configs_not_the_shells(mb, monkeyp
     assert not any(k in env for k in mb.KEEP_FREED_ENV) and env["OMP_NUM_THREADS"] == "1"
     monkeypatch.delenv("MALLOC_MMAP_MAX_")
     assert {k: mb._thread_env(2, True)[k] for k in mb.KEEP_FREED_ENV} == mb.KEEP_FREED_ENV
+    from est.train import malloc  # the environment form sets what est's in-process switch sets
+
+    assert mb.KEEP_FREED_ENV == {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(malloc.TRIM_BYTES)}
     cfg = mb.MaceTrainConfig(keep_freed_memory=True)
     assert not any("keep_freed" in a or "malloc" in a.lower() for a in mb.train_argv(cfg, train_xyz="a", test_xyz=None,
                                                                                          run_dir="r"))
