@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import common
-from forces_setup import (MACE, REFERENCE, Budget, base_model, cached, est_datasets, est_overrides, mace_files, mb,
+from forces_setup import (MACE, REFERENCE, Budget, cached, cost_model, est_datasets, est_overrides, mace_files, mb,
                           molecule_dir, timed_steps)
 
 
@@ -196,7 +196,7 @@ def with_step_cost_clock(results: dict[str, dict[str, list[dict]]], costs: dict[
     for molecule, per_model in results.items():
         for model, recs in per_model.items():
             for r in recs:
-                cal = costs.get(molecule, {}).get(base_model(model))
+                cal = costs.get(molecule, {}).get(cost_model(model))
                 r["step_cost_s"] = cal["cpu_s"] if cal else r.get("cpu_ms_per_step", math.nan) / 1000.0
                 r["step_cost_source"] = cal.get("source", "interleaved") if cal else "own run"
                 for p in r.get("curve") or []:
@@ -209,10 +209,10 @@ def time_budget(root: Path, molecule: str, model: str, data_dir: Path, budget: B
     "reference_step_cost_s"}``, ``steps`` = :func:`timed_steps` from the root's step costs (calibrated
     if missing), ``seconds`` = est-ffn's ``budget.steps`` x its step cost."""
     def compute() -> dict[str, Any]:
-        costs = step_costs(root, molecule, [REFERENCE, base_model(model)], data_dir, budget)
+        costs = step_costs(root, molecule, [REFERENCE, cost_model(model)], data_dir, budget)
         ref = costs[REFERENCE]["cpu_s"]
         return {"steps": timed_steps(costs, model, budget), "seconds": budget.steps * ref,
-                "step_cost_s": costs[base_model(model)]["cpu_s"], "reference_step_cost_s": ref}
+                "step_cost_s": costs[cost_model(model)]["cpu_s"], "reference_step_cost_s": ref}
 
     rd.mkdir(parents=True, exist_ok=True)
     return cached(rd / "time_budget.json", compute)

@@ -130,7 +130,7 @@ import mace_baseline as mb  # noqa: E402
 from forces_clock import (TrainingClock, steady_ms_per_step, step_costs, time_budget,  # noqa: E402
                           with_step_cost_clock)
 from forces_setup import (ABLATIONS, CLOCKS, FULL, MACE, MD_STATE, MODEL_CHOICES, MODELS, MOLECULES,  # noqa: E402
-                          QUICK, REFERENCE, SHAPE, TIME_SUFFIX, Budget, base_model, cached, est_datasets,
+                          QUICK, REFERENCE, SHAPE, TIME_SUFFIX, Budget, base_model, cached, cost_model, est_datasets,
                           est_overrides, is_timed, mace_files, molecule_dir, relaxed_atoms, run_dir, split_indices)
 from forces_tables import plot_curves, projection, tables  # noqa: E402
 
@@ -346,7 +346,7 @@ def main(argv=None) -> int:
                                     and old.get("mace_dtype") == args.mace_dtype)
     costs = {}
     for molecule, per_model in results.items():
-        timed = sorted({base_model(m) for m in per_model if m != MACE or mb.available()})  # MACE: timed in its venv
+        timed = sorted({cost_model(m) for m in per_model if m != MACE or mb.available()})  # MACE: timed in its venv
         if any(m != MACE for m in timed) and not args.quick:
             try:
                 costs[molecule] = step_costs(root, molecule, timed, data_dir, budget, fresh=args.calibrate,

@@ -188,6 +188,35 @@ def test_fresh_root_takes_the_recorded_step_costs_without_timing(fs, fc, sf, mon
     assert timed[-1] == ["est-default", "est-ffn"] and costs["est-ffn"]["cpu_s"] == 9.0
 
 
+def test_a_model_computing_another_models_step_is_charged_that_models_cost(fs, fc, monkeypatch, tmp_path):
+    """est-cap8 is est-default with c = 8 instead of 4 in the logit bound: the same parameters and the same
+    operations (measured: 0.994x est-default's step, one round-robin calibration), so it takes est-default's
+    calibrated cost and never makes the study re-time a molecule's models."""
+    import json
+
+    from est.train import load_config
+
+    assert fs.cost_model("est-cap8") == fs.cost_model("est-cap8@time") == "est-default"
+    assert fs.cost_model("est-half@time") == "est-half" and fs.cost_model("mace") == "mace"
+    assert set(fs.MODELS["est-cap8"]) ^ set(fs.MODELS["est-default"]) == {"model.est.logit_cap=8"}
+    for split in ("train", "test"):
+        (tmp_path / "ethanol" / split).mkdir(parents=True)
+    cfg = load_config(fs.est_overrides("est-cap8", tmp_path, "ethanol", 0, tmp_path / "rd", fs.FULL)).model
+    assert cfg.est.logit_cap == 8 and "est-cap8" in fs.ABLATIONS
+    runs = {"ethanol": {"est-cap8": [record("est-cap8", 0, 8.0, curve(9.0, [20.0, 10.0, 8.0]))]}}
+    fc.with_step_cost_clock(runs, {"ethanol": {"est-ffn": {"cpu_s": 2.0}, "est-default": {"cpu_s": 1.0}}})
+    r = runs["ethanol"]["est-cap8"][0]
+    assert r["step_cost_s"] == 1.0 and [p["cost_seconds"] for p in r["curve"]] == [10.0, 20.0, 30.0]
+    assert fs.timed_steps({"est-ffn": {"cpu_s": 0.45}, "est-default": {"cpu_s": 0.54}}, "est-cap8@time", fs.FULL) == 1250
+    # the stored costs hold est-default: nothing is calibrated for est-cap8 (the study asks for cost_model's)
+    kept = {"cpu_s": 1.0, "allocator": fc.ALLOCATOR}
+    (tmp_path / "root" / "ethanol").mkdir(parents=True)
+    (tmp_path / "root" / "ethanol" / "step_costs.json").write_text(json.dumps({"est-ffn": kept, "est-default": kept}))
+    monkeypatch.setattr(fc, "calibrate", lambda *a, **k: pytest.fail("re-timed"))
+    fc.step_costs(tmp_path / "root", "ethanol", sorted({fs.cost_model(m) for m in ("est-ffn", "est-cap8")}),
+                  tmp_path, fs.FULL)
+
+
 def test_time_runs_train_the_steps_that_cost_what_the_references_cost(fs, fc, monkeypatch, tmp_path):
     """``est-default@time``: est-default's overrides, a step budget = 1,500 x c_ffn / c_default, fixed in the
     run folder at the first start (a later re-timing does not move a run under way)."""
