@@ -13,7 +13,8 @@ seed, as the trainer does), and puts each run's test force MAE ratio to est's Eq
 (``forces.json``) beside it: does a seed whose bound binds harder train worse?
 
 Columns per layer: the median of :math:`\sigma` over atoms and heads, and the share of them with
-:math:`\sigma > c` and :math:`> 2c`. Nothing is trained; float32, one thread.
+:math:`\sigma > c` and :math:`> 2c`. Nothing is trained; float32, one thread. The rows of runs read before
+(``cap_saturation.json``, same ``--every``) that are no longer on disk are kept; a run read again replaces its.
 
     python benchmarks/bench_cap_saturation.py [--root runs/forces] [--data-dir /work/data/xtb] [--every 25]
 """
@@ -119,6 +120,20 @@ def ratio_to_ffn(forces: dict | None, molecule: str, model: str, seed: int) -> f
     return mae(model) / mae("est-ffn")
 
 
+def row_key(row: dict) -> tuple:
+    return row["molecule"], row["model"], row["seed"], row["weights"]
+
+
+def with_earlier_rows(rows: list[dict], every: int) -> list[dict]:
+    """``rows`` and the stored rows of ``cap_saturation.json`` (read at the same ``every``) of runs not among
+    them (another sitting's run folders), sorted by molecule, model, seed, initial before trained."""
+    path = RESULTS / "cap_saturation.json"
+    old = json.loads(path.read_text()) if path.exists() else {}
+    fresh = {row_key(r) for r in rows}
+    kept = [r for r in old.get("rows", []) if old.get("every") == every and row_key(r) not in fresh]
+    return sorted(kept + rows, key=lambda r: (r["molecule"], r["model"], r["seed"], r["weights"] != "initial"))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--root", default=str(HERE.parent / "runs" / "forces"))
@@ -148,6 +163,7 @@ def main(argv=None) -> int:
     if not rows:
         print(f"[cap] no trained capped EST run with best.pt under {root}")
         return 1
+    rows = with_earlier_rows(rows, args.every)
     shown = [{k: (f"{v:.2f}" if isinstance(v, float) and k.endswith(("median", "/ EquiformerV2")) else
                   f"{100 * v:.0f}%" if isinstance(v, float) and ">" in k else v) for k, v in r.items()} for r in rows]
     table = print_table(dash_missing(shown), list(shown[0]),

@@ -340,3 +340,29 @@ def test_cap_saturation_reads_the_sigma_the_bound_uses(monkeypatch_module):
     assert st.SphericalTransformer._logit_sigma.__name__ == "_logit_sigma"
     row = bench.summarize([np.array([1.0, 5.0, 9.0, 3.0])], cap=4.0)
     assert row == {"L0 median": 4.0, "L0 >c": 0.5, "L0 >2c": 0.25}
+
+
+def test_cap_saturation_keeps_the_rows_of_runs_read_before(monkeypatch_module, monkeypatch, tmp_path):
+    """Runs of another sitting (no longer on disk) keep their stored rows; a run read again replaces its own;
+    rows stored at another ``--every`` are dropped, never mixed."""
+    import json
+
+    monkeypatch_module.syspath_prepend(str(BENCH / "baseline"))
+    monkeypatch_module.syspath_prepend(str(BENCH))
+    bench = importlib.import_module("bench_cap_saturation")
+    monkeypatch.setattr(bench, "RESULTS", tmp_path)
+
+    def row(mol, model, seed, weights, median):
+        return {"molecule": mol, "model": model, "seed": seed, "weights": weights, "L0 median": median}
+
+    stored = [row("aspirin", "est-default", 2, "initial", 1.0), row("aspirin", "est-default", 2, "trained", 2.0),
+              row("ethanol", "est-default@time", 0, "trained", 3.0)]
+    (tmp_path / "cap_saturation.json").write_text(json.dumps({"every": 25, "rows": stored}))
+    new = [row("ethanol", "est-cap8", 0, "trained", 7.0), row("ethanol", "est-cap8", 0, "initial", 6.0),
+           row("ethanol", "est-default@time", 0, "trained", 4.0)]
+    merged = bench.with_earlier_rows(new, 25)
+    assert [(r["molecule"], r["model"], r["weights"], r["L0 median"]) for r in merged] == [
+        ("aspirin", "est-default", "initial", 1.0), ("aspirin", "est-default", "trained", 2.0),
+        ("ethanol", "est-cap8", "initial", 6.0), ("ethanol", "est-cap8", "trained", 7.0),
+        ("ethanol", "est-default@time", "trained", 4.0)]
+    assert bench.with_earlier_rows(new[:1], 20) == new[:1]
