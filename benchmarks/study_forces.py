@@ -130,7 +130,7 @@ import mace_baseline as mb  # noqa: E402
 from forces_clock import (TrainingClock, steady_ms_per_step, step_costs, time_budget,  # noqa: E402
                           with_step_cost_clock)
 from forces_setup import (ABLATIONS, CLOCKS, FULL, MACE, MD_STATE, MODEL_CHOICES, MODELS, MOLECULES,  # noqa: E402
-                          QUICK, REFERENCE, SHAPE, TIME_SUFFIX, Budget, base_model, cached, cost_model, est_datasets,
+                          QUICK, REFERENCE, SHAPE, TIME_SUFFIX, Budget, cached, cost_model, est_datasets,
                           est_overrides, is_timed, mace_files, molecule_dir, relaxed_atoms, run_dir, split_indices)
 from forces_tables import plot_curves, projection, tables  # noqa: E402
 
@@ -327,7 +327,7 @@ def main(argv=None) -> int:
                 raise SystemExit(f"[forces] {exc}") from None
             if any(j[1] == MACE for j in jobs):
                 mace_files(data_dir, molecule, root, budget)
-            timed_models = sorted({base_model(j[1]) for j in jobs if j[0] == molecule and is_timed(j[1])})
+            timed_models = sorted({cost_model(j[1]) for j in jobs if j[0] == molecule and is_timed(j[1])})
             if timed_models:  # calibrated here, once, before the runs load the machine
                 step_costs(root, molecule, [REFERENCE, *timed_models], data_dir, budget)
         if args.refresh_metrics:
