@@ -21,7 +21,6 @@ Columns per layer: the median of :math:`\sigma` over atoms and heads, and the sh
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "baseline"))
 
-from common import RESULTS, dash_missing, print_table, save, setup_threads  # noqa: E402
+from common import dash_missing, load, print_table, save, setup_threads  # noqa: E402
 
 #: the study's run folders: ``<model>-s<seed>``
 RUN_GLOB = "est-*-s*"
@@ -127,8 +126,7 @@ def row_key(row: dict) -> tuple:
 def with_earlier_rows(rows: list[dict], every: int) -> list[dict]:
     """``rows`` and the stored rows of ``cap_saturation.json`` (read at the same ``every``) of runs not among
     them (another sitting's run folders), sorted by molecule, model, seed, initial before trained."""
-    path = RESULTS / "cap_saturation.json"
-    old = json.loads(path.read_text()) if path.exists() else {}
+    old = load("cap_saturation") or {}
     fresh = {row_key(r) for r in rows}
     kept = [r for r in old.get("rows", []) if old.get("every") == every and row_key(r) not in fresh]
     return sorted(kept + rows, key=lambda r: (r["molecule"], r["model"], r["seed"], r["weights"] != "initial"))
@@ -142,7 +140,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     threads = setup_threads(1)
     root, data_dir = Path(args.root), Path(args.data_dir)
-    forces = json.loads((RESULTS / "forces.json").read_text()) if (RESULTS / "forces.json").exists() else None
+    forces = load("forces")
     rows = []
     for mol_dir in sorted(d for d in root.iterdir() if d.is_dir() and (data_dir / d.name / "test").is_dir()):
         frames = frames_of(data_dir, mol_dir.name, args.every)

@@ -350,7 +350,7 @@ def test_cap_saturation_keeps_the_rows_of_runs_read_before(monkeypatch_module, m
     monkeypatch_module.syspath_prepend(str(BENCH / "baseline"))
     monkeypatch_module.syspath_prepend(str(BENCH))
     bench = importlib.import_module("bench_cap_saturation")
-    monkeypatch.setattr(bench, "RESULTS", tmp_path)
+    monkeypatch.setattr(sys.modules["common"], "RESULTS", tmp_path)
 
     def row(mol, model, seed, weights, median):
         return {"molecule": mol, "model": model, "seed": seed, "weights": weights, "L0 median": median}
