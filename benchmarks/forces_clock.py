@@ -12,7 +12,7 @@ from typing import Any
 
 import common
 from forces_setup import (MACE, REFERENCE, Budget, cached, cost_model, est_datasets, est_overrides, mace_files, mb,
-                          molecule_dir, timed_steps)
+                          molecule_dir, reference_of, timed_steps)
 
 
 class TrainingClock:
@@ -121,7 +121,8 @@ def calibrate(molecule: str, models: list[str], data_dir: Path, budget: Budget, 
         trainers = {m: Trainer(load_config(est_overrides(m, data_dir, molecule, 0, Path(tmp) / m, budget)),
                                datasets=datasets) for m in models}
         first = trainers[models[0]]
-        batches = iter(make_loader(first.train_ds, first.sampler))
+        loader = make_loader(first.train_ds, first.sampler)
+        batches = (b for _ in range(warmup + rounds) for b in loader)  # a small training set is passed again
         for r in range(warmup + rounds):
             batch = next(batches)
             for m, trainer in trainers.items():
@@ -161,26 +162,52 @@ def mace_step_cost(molecule: str, data_dir: Path, root: Path, budget: Budget, *,
 
 def step_costs(root: Path, molecule: str, models: list[str], data_dir: Path, budget: Budget, *,
                fresh: bool = False, mace_dtype: str = "float64") -> dict[str, dict[str, float]]:
-    """The stored step costs of ``ROOT/<molecule>/step_costs.json``, calibrated (the est models together,
-    round-robin, then MACE, so they stay comparable) when one of ``models`` is missing, one stored cost
-    predates the allocator rule (no ``"allocator"``: all are re-timed, never a mix) or ``fresh``. A root
-    without the file (a fresh clone, another machine) starts from the costs recorded in
-    ``benchmarks/results/forces.json`` (``step_costs``), so ``--tables-only`` there reproduces the committed
-    tables instead of re-timing the runs on a machine they never ran on."""
+    """The stored step costs of ``ROOT/<molecule>/step_costs.json``. A root without the file (a fresh clone,
+    another machine) starts from the costs recorded in ``benchmarks/results/forces.json`` (``step_costs``),
+    so ``--tables-only`` there reproduces the committed tables instead of re-timing the runs on a machine they
+    never ran on.
+
+    Everything is calibrated (the est models together, round-robin, then MACE, so they stay comparable) when
+    ``fresh``, when nothing is stored, when one stored cost predates the allocator rule (no ``"allocator"``:
+    all are re-timed, never a mix) or when MACE or the reference is among the missing. An est model that is
+    only missing is anchored (:func:`anchored_costs`): timed round-robin with the reference and charged the
+    reference's stored cost times their fresh ratio, so the stored costs, and the tables read with them,
+    stay as they are."""
     path = Path(root) / molecule / "step_costs.json"
     stored = json.loads(path.read_text()) if path.exists() else recorded_step_costs(molecule)
-    wanted = sorted(set(models) | set(stored))
-    if fresh or any(m not in stored for m in models) or any("allocator" not in c for c in stored.values()):
-        from est.data.cache import atomic_json
+    missing = [m for m in models if m not in stored]
+    full = (fresh or not stored or any("allocator" not in c for c in stored.values())
+            or any(m in (MACE, REFERENCE) for m in missing))
+    if not full and not missing:
+        return stored
+    from est.data.cache import atomic_json
 
+    if full:
+        wanted = sorted(set(models) | set(stored))
         est_models, time_mace = [m for m in wanted if m != MACE], MACE in wanted and mb.available()
         print(f"[forces] {molecule}: timing one training step of {', '.join(est_models)} round-robin"
               + (", then MACE's" if time_mace else ""), flush=True)
         stored = calibrate(molecule, est_models, data_dir, budget)
         if time_mace:
             stored[MACE] = mace_step_cost(molecule, data_dir, root, budget, dtype=mace_dtype)
-        atomic_json(str(path), stored)
+    else:
+        print(f"[forces] {molecule}: timing one training step of {', '.join(missing)} round-robin with "
+              f"{REFERENCE}, anchored to its stored cost", flush=True)
+        stored = stored | anchored_costs(calibrate(molecule, [REFERENCE, *missing], data_dir, budget), stored[REFERENCE])
+    atomic_json(str(path), stored)
     return stored
+
+
+def anchored_costs(timed: dict[str, dict[str, Any]], reference: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    r"""The models of one round-robin ``timed`` with the reference, on the stored calibration's scale:
+    :math:`c_m = c_\mathrm{ref}^\mathrm{stored}\,t_m / t_\mathrm{ref}` (CPU and wall seconds alike), each
+    with the fresh ratio (``"ratio_to_reference"``) and its source."""
+    t_ref = timed[REFERENCE]
+    return {m: t | {"cpu_s": reference["cpu_s"] * t["cpu_s"] / t_ref["cpu_s"],
+                    "wall_s": reference.get("wall_s", reference["cpu_s"]) * t["wall_s"] / t_ref["wall_s"],
+                    "ratio_to_reference": t["cpu_s"] / t_ref["cpu_s"],
+                    "source": f"interleaved with {REFERENCE}, anchored to its stored cost"}
+            for m, t in timed.items() if m != REFERENCE}
 
 
 def recorded_step_costs(molecule: str) -> dict[str, dict[str, Any]]:
@@ -207,10 +234,11 @@ def time_budget(root: Path, molecule: str, model: str, data_dir: Path, budget: B
     """The step budget of a ``<model>@time`` run, fixed at its first start (``rd/time_budget.json``, so a
     later ``--calibrate`` does not change a run under way): ``{"steps", "seconds", "step_cost_s",
     "reference_step_cost_s"}``, ``steps`` = :func:`timed_steps` from the root's step costs (calibrated
-    if missing), ``seconds`` = est-ffn's ``budget.steps`` x its step cost."""
+    if missing), ``seconds`` = the reference's (:func:`reference_of`) ``budget.steps`` x its step cost."""
     def compute() -> dict[str, Any]:
-        costs = step_costs(root, molecule, [REFERENCE, cost_model(model)], data_dir, budget)
-        ref = costs[REFERENCE]["cpu_s"]
+        ref_model = reference_of(model)
+        costs = step_costs(root, molecule, list(dict.fromkeys([REFERENCE, ref_model, cost_model(model)])), data_dir, budget)
+        ref = costs[ref_model]["cpu_s"]
         return {"steps": timed_steps(costs, model, budget), "seconds": budget.steps * ref,
                 "step_cost_s": costs[cost_model(model)]["cpu_s"], "reference_step_cost_s": ref}
 

@@ -9,8 +9,12 @@ from pathlib import Path
 import numpy as np
 
 from common import markdown_table, mean_sd, paired, save_figure
-from forces_setup import (CLOCK_WORDS, CLOCKS, CURVE_KEY, FRAME_BLOCK, MACE, MODELS, REFERENCE, SHOW_BLOCK, TARGET,
-                          TIME_SUFFIX, Budget, label, mb)
+from forces_setup import (CLOCK_WORDS, CLOCKS, CURVE_KEY, FRAME_BLOCK, GRID18_SUFFIX, MACE, MODELS, REFERENCE,
+                          SHOW_BLOCK, TARGET, TARGET_PAIRS, TIME_SUFFIX, Budget, label, mb, reference_of)
+
+#: said under a table whose rows may have another reference than est-ffn
+REFERENCE_WORDS = (f"rows on the 18 x 18 grid are read against est's EquiformerV2 on that grid "
+                   f"(`{REFERENCE}{GRID18_SUFFIX}` itself against `{REFERENCE}`)")
 
 
 def curve_end(curve: list[dict], clock: str) -> float:
@@ -102,11 +106,11 @@ def block_means(errors: list[float], size: int = SHOW_BLOCK) -> list[float]:
 
 def frames_table(per_model: dict[str, list[dict]]) -> str:
     """Per model and seed with per-frame test errors for it and est-ffn (``mace_baseline.FRAMES_KEY``): the
-    test force MAE ratio with its 90% paired block-bootstrap interval (:func:`frame_ratio`), and both models'
+    test force MAE ratio (against its reference, :func:`forces_setup.reference_of`) with its 90% paired block-bootstrap interval (:func:`frame_ratio`), and both models'
     MAE per ``SHOW_BLOCK`` consecutive test frames; empty when no pair has them."""
-    ref = {r["seed"]: r["metrics"].get(mb.FRAMES_KEY) for r in per_model.get(REFERENCE, [])}
     rows = []
-    for model in (m for m in _order(per_model) if m != REFERENCE):
+    for model in (m for m in _order(per_model) if m != reference_of(m)):
+        ref = {r["seed"]: r["metrics"].get(mb.FRAMES_KEY) for r in per_model.get(reference_of(model), [])}
         for r in sorted(per_model[model], key=lambda r: r["seed"]):
             mine, base = r["metrics"].get(mb.FRAMES_KEY), ref.get(r["seed"])
             if not mine or not base or len(mine) != len(base):
@@ -121,7 +125,12 @@ def frames_table(per_model: dict[str, list[dict]]) -> str:
     return markdown_table(rows, list(rows[0])) + (
         f"\n\nTest force MAE ratio per seed with a 90% interval from a paired bootstrap over blocks of {FRAME_BLOCK} "
         f"consecutive test frames (the same blocks drawn for both models), and each model's MAE on consecutive "
-        f"{SHOW_BLOCK}-frame stretches of the test trajectory.")
+        f"{SHOW_BLOCK}-frame stretches of the test trajectory" + _reference_note(per_model) + ".")
+
+
+def _reference_note(per_model) -> str:
+    """``"; rows on the 18 x 18 grid ..."`` when a model of ``per_model`` has another reference than est-ffn."""
+    return f"; {REFERENCE_WORDS}" if any(reference_of(m) != REFERENCE for m in per_model) else ""
 
 
 def _verdict(ratios: list[float], bound: float) -> str:
@@ -142,9 +151,10 @@ def tables(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> 
     ``forces-<molecule>-time`` (validation force MAE at equal time, the issue's target)."""
     out: dict[str, str] = {}
     for molecule, per_model in results.items():
-        ref, mace = per_model.get(REFERENCE), per_model.get(MACE)
+        mace = per_model.get(MACE)
         steps_rows, time_rows = [], []
         for model in _order(per_model):
+            ref, own = per_model.get(reference_of(model)), model == reference_of(model)
             recs = sorted(per_model[model], key=lambda r: r["seed"])
             met = [r["metrics"] for r in recs]
             eq = [r["equivariance"][k] for r in recs if r.get("equivariance") for k in r["equivariance"] if k != "output"]
@@ -154,7 +164,7 @@ def tables(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> 
                    "energy (meV/atom)": mean_sd([m["energy_mae_meV_atom"] for m in met]),
                    "forces (meV/A)": mean_sd([m["forces_mae_meV_A"] for m in met]),
                    "force cos": mean_sd([m["forces_cos"] for m in met]),
-                   "forces / EquiformerV2": "" if model == REFERENCE or not ref else _ratios(paired(recs, ref, "forces_mae_meV_A")[0]),
+                   "forces / EquiformerV2": "" if own or not ref else _ratios(paired(recs, ref, "forces_mae_meV_A")[0]),
                    "forces / MACE": "" if model == MACE or not mace else _ratios(paired(recs, mace, "forces_mae_meV_A")[0]),
                    "ms/step": _step_ms(recs),
                    "rot. error (max)": f"{max(eq):.1e}" if eq else "-",
@@ -162,7 +172,7 @@ def tables(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> 
                    "intact": f"{sum(bool(d['intact']) for d in md)}/{len(md)}" if md else "-"}
             steps_rows.append(row)
             # each row at the time it and EquiformerV2 both reached (per seed); the reference row at its own end
-            vs_ref = equal_time(recs, ref, clock=clock) if ref and model != REFERENCE else []
+            vs_ref = equal_time(recs, ref, clock=clock) if ref and not own else []
             at = vs_ref or [read_at(r, curve_end(r["curve"], clock), clock) for r in recs]
             time_rows.append({
                 "model": label(model), "seeds": len(recs), "T (s)": mean_sd([a["T"] for a in at]),
@@ -176,29 +186,40 @@ def tables(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> 
         text = markdown_table(time_rows, list(time_rows[0])) + (
             f"\n\nValidation force MAE read off the learning curves at T seconds of optimisation ({CLOCK_WORDS[clock]}): "
             "per seed, T is the end of the shorter of the row's run and EquiformerV2's (EquiformerV2's row: its own end); "
-            "the MACE ratio is read at the shorter of the row's run and MACE's; n/a: a curve with no evaluation by then.")
-        target, bound = TARGET
-        if ref and target in per_model:
-            pairs = equal_time(per_model[target], ref, clock=clock)
-            ratios = [p["ratio"] for p in pairs if not math.isnan(p["ratio"])]
-            if ratios:
-                text += (f"\n\nTarget (issue 17): {target} / {REFERENCE} force MAE at equal time ({clock} clock) <= {bound:.2f}: "
-                         + _verdict(ratios, bound))
-        timed = per_model.get(target + TIME_SUFFIX)
-        if ref and timed:
-            ratios, _ = paired(timed, ref, "forces_mae_meV_A")
-            if ratios:
-                steps = sorted({r["steps"] for r in timed})
-                text += (f"\n\nThe same target on the test set, {target} trained to the end of its own schedule in "
-                         f"{REFERENCE}'s time ({'/'.join(map(str, steps))} steps, `{target}{TIME_SUFFIX}`): "
-                         + _verdict(ratios, bound))
-                share = time_share(timed, ref)
-                if abs(share - 1.0) >= 0.005:
-                    text += (f" Their step budget came from the step costs stored when they started; at the current "
-                             f"ones they had {share:.2f}x {REFERENCE}'s time.")
+            "the MACE ratio is read at the shorter of the row's run and MACE's; n/a: a curve with no evaluation by then"
+            + _reference_note(per_model) + ".")
+        text += "".join(target_lines(per_model, clock=clock))
         out[f"forces-{molecule}-time"] = text
     if any(REFERENCE in per_model for per_model in results.values()):
         out["forces-overview"] = overview(results, clock=clock)
+    return out
+
+
+def target_lines(per_model: dict[str, list[dict]], *, clock: str) -> list[str]:
+    """For each pair of :data:`forces_setup.TARGET_PAIRS` with runs of both: the target's verdict at equal time
+    on the curves and, where the model has ``@time`` runs, on the test set."""
+    bound = TARGET[1]
+    out = []
+    for target, reference, words in TARGET_PAIRS:
+        ref = per_model.get(reference)
+        if not ref:
+            continue
+        if target in per_model:
+            ratios = [p["ratio"] for p in equal_time(per_model[target], ref, clock=clock) if not math.isnan(p["ratio"])]
+            if ratios:
+                out.append(f"\n\n{words}: {target} / {reference} force MAE at equal time ({clock} clock) <= {bound:.2f}: "
+                           + _verdict(ratios, bound))
+        timed = per_model.get(target + TIME_SUFFIX)
+        ratios = paired(timed, ref, "forces_mae_meV_A")[0] if timed else []
+        if ratios:
+            steps = sorted({r["steps"] for r in timed})
+            out.append(f"\n\nThe same target on the test set, {target} trained to the end of its own schedule in "
+                       f"{reference}'s time ({'/'.join(map(str, steps))} steps, `{target}{TIME_SUFFIX}`): "
+                       + _verdict(ratios, bound))
+            share = time_share(timed, ref)
+            if abs(share - 1.0) >= 0.005:
+                out.append(f" Their step budget came from the step costs stored when they started; at the current "
+                           f"ones they had {share:.2f}x {reference}'s time.")
     return out
 
 
@@ -219,7 +240,8 @@ def _mean_of_ratios(ratios: list[float]) -> str:
 def overview(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> str:
     r"""Every model against est's EquiformerV2 on every molecule, two columns per molecule:
 
-    * equal steps: :math:`\frac1n\sum_s F_{model,s} / F_{ref,s}`, the test force MAE ratio over the n paired seeds;
+    * equal steps: :math:`\frac1n\sum_s F_{model,s} / F_{ref,s}`, the test force MAE ratio over the n paired seeds
+      (ref: the model's reference, :func:`forces_setup.reference_of`);
     * equal time: the same mean of the validation force MAE ratios read off the learning curves at the shorter of
       the two runs (:func:`equal_time`, ``clock`` seconds).
 
@@ -227,17 +249,18 @@ def overview(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -
     molecules = [m for m, per_model in results.items() if REFERENCE in per_model]
     models = _order({model: [] for m in molecules for model in results[m]})
     rows = []
-    for model in (m for m in models if m != REFERENCE):
+    for model in (m for m in models if m != reference_of(m)):
         row = {"model": label(model)}
         for molecule in molecules:
-            recs, ref = results[molecule].get(model, []), results[molecule][REFERENCE]
+            recs, ref = results[molecule].get(model, []), results[molecule].get(reference_of(model), [])
             row[f"{molecule}: equal steps"] = _mean_of_ratios(paired(recs, ref, "forces_mae_meV_A")[0])
             row[f"{molecule}: equal time"] = _mean_of_ratios([p["ratio"] for p in equal_time(recs, ref, clock=clock)])
         rows.append(row)
     cols = ["model"] + [f"{m}: {k}" for m in molecules for k in ("equal steps", "equal time")]
     return markdown_table(rows, cols) + (
         "\n\nForce MAE / est's EquiformerV2's (`update=\"ffn\"`), mean over paired seeds (how many seeds below 1): "
-        f"test set at equal steps; validation curves at equal time ({CLOCK_WORDS[clock]}).")
+        f"test set at equal steps; validation curves at equal time ({CLOCK_WORDS[clock]})"
+        + _reference_note({m: [] for m in models}) + ".")
 
 
 def plot_curves(results: dict[str, dict[str, list[dict]]], plots: Path, *, clock: str = "cpu") -> list[Path]:

@@ -26,6 +26,14 @@ channels, cutoff 5 A, every neighbour, no periodic images, conservative forces
   default before v2): trained logits sharpen and alias on the degree-16 design;
   ``est-half-uncapped`` the same at half width. (Their seed-0 runs were made as
   ``est-default`` / ``est-half``; the default's seed 0 as ``est-capped``.)
+* ``est-ffn-g18``, ``est-default-g18``: ``est-ffn`` and ``est-default`` on
+  EquiformerV2's published 18 x 18 grid instead of the tiny shape's 10 x 9
+  (messages, FFN, heads; the EST block keeps its design): the comparison at
+  equal trained equivariance (the 10 x 9 grid leaves est's EquiformerV2 a
+  trained rotation error of 6e-4 to 5.6e-3, 18 x 18 about 1e-6). Each
+  ``-g18`` model is read against ``est-ffn-g18`` (ratios, equal time, its
+  ``@time`` budget; ``forces_setup.reference_of``), ``est-ffn-g18`` against
+  ``est-ffn``; the target line is repeated for the pair.
 * ``mace``         MACE 0.3.16 (``benchmarks/baseline/mace_baseline.py``, its own
   venv and training entry point: 2 layers, 64 channels, L = 2, correlation 3,
   r_max 5 A, its loss weights, float64), on the same frames and batch size.
@@ -44,7 +52,9 @@ batches, one thread) is timed round-robin with the others in one process
 (:func:`calibrate`, ``ROOT/<molecule>/step_costs.json``, also recorded in
 ``forces.json`` as ``step_costs``, which a root without the file starts from;
 median CPU seconds of 7 rounds after 2 warm-up), and a curve's time is steps
-x that cost. MACE
+x that cost. A model added later is timed round-robin with est-ffn and
+anchored to est-ffn's stored cost (:func:`anchored_costs`), so the stored
+costs and the tables read with them do not move. MACE
 runs in its own environment and cannot be interleaved: right after the est
 models it is timed by a short ``run_train`` of the study's config on the first
 frames (:func:`mace_step_cost`: the median of MACE's own per-step times after
@@ -131,7 +141,8 @@ from forces_clock import (TrainingClock, steady_ms_per_step, step_costs, time_bu
                           with_step_cost_clock)
 from forces_setup import (ABLATIONS, CLOCKS, FULL, MACE, MD_STATE, MODEL_CHOICES, MODELS, MOLECULES,  # noqa: E402
                           QUICK, REFERENCE, SHAPE, TIME_SUFFIX, Budget, cached, cost_model, est_datasets,
-                          est_overrides, is_timed, mace_files, molecule_dir, relaxed_atoms, run_dir, split_indices)
+                          est_overrides, is_timed, mace_files, molecule_dir, reference_of, relaxed_atoms, run_dir,
+                          split_indices)
 from forces_tables import plot_curves, projection, tables  # noqa: E402
 
 
@@ -327,9 +338,10 @@ def main(argv=None) -> int:
                 raise SystemExit(f"[forces] {exc}") from None
             if any(j[1] == MACE for j in jobs):
                 mace_files(data_dir, molecule, root, budget)
-            timed_models = sorted({cost_model(j[1]) for j in jobs if j[0] == molecule and is_timed(j[1])})
+            timed_models = sorted({m for j in jobs if j[0] == molecule and is_timed(j[1])
+                                   for m in (cost_model(j[1]), reference_of(j[1]))})
             if timed_models:  # calibrated here, once, before the runs load the machine
-                step_costs(root, molecule, [REFERENCE, *timed_models], data_dir, budget)
+                step_costs(root, molecule, list(dict.fromkeys([REFERENCE, *timed_models])), data_dir, budget)
         if args.refresh_metrics:
             for job in jobs:
                 rd = run_dir(root, *job)

@@ -164,28 +164,83 @@ def test_overview_has_two_ratio_columns_per_molecule_with_a_reference(ft):
 def test_fresh_root_takes_the_recorded_step_costs_without_timing(fs, fc, sf, monkeypatch, tmp_path):
     """A clone without ``runs/forces`` must not re-time the committed runs on its own machine (the equal-time
     tables would then move with the machine): the costs recorded in forces.json are used; a model they lack
-    is still calibrated, and costs timed before the allocator rule (no ``allocator``) are all re-timed."""
+    is timed with the reference and anchored to its stored cost (the stored costs stay), and costs timed
+    before the allocator rule (no ``allocator``) are all re-timed."""
     import json
 
     common = sys.modules["common"]
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     kept = {"allocator": fc.ALLOCATOR}
-    recorded = {"aspirin": {"est-ffn": {"cpu_s": 2.0} | kept, "mace": {"cpu_s": 3.0, "source": "MACE run_train"} | kept},
+    recorded = {"aspirin": {"est-ffn": {"cpu_s": 2.0, "wall_s": 2.2} | kept,
+                            "mace": {"cpu_s": 3.0, "source": "MACE run_train"} | kept},
                 "ethanol": {"est-ffn": {"cpu_s": 2.0} | kept, "est-default": {"cpu_s": 2.5}}}
     (tmp_path / "forces.json").write_text(json.dumps({"runs": {}, "step_costs": recorded}))
     timed = []
+    fresh = {"est-ffn": 4.0, "est-default": 5.0, "est-ffn-g18": 9.0, "est-default-g18": 7.2}
     monkeypatch.setattr(fc, "calibrate", lambda molecule, models, *a, **k: timed.append(models) or
-                        {m: {"cpu_s": 9.0} | kept for m in models})
+                        {m: {"cpu_s": fresh[m], "wall_s": 2 * fresh[m]} | kept for m in models})
     monkeypatch.setattr(sf.mb, "available", lambda: False)  # MACE not re-timed here
     root = tmp_path / "root"
     assert fc.step_costs(root, "aspirin", ["est-ffn"], tmp_path, fs.FULL) == recorded["aspirin"]
     assert timed == [] and not (root / "aspirin" / "step_costs.json").exists()
     assert fc.recorded_step_costs("malonaldehyde") == {}
+    # est-default is missing: timed round-robin with est-ffn only, 1.25x the stored 2.0 s (wall: 1.25 x 2.2 s)
     costs = fc.step_costs(root, "aspirin", ["est-ffn", "est-default"], tmp_path, fs.FULL)
-    assert timed == [["est-default", "est-ffn"]] and costs["est-default"]["cpu_s"] == 9.0
+    assert timed == [["est-ffn", "est-default"]]
+    assert costs["est-default"]["cpu_s"] == pytest.approx(2.5) and costs["est-default"]["wall_s"] == pytest.approx(2.75)
+    assert costs["est-default"]["ratio_to_reference"] == pytest.approx(1.25) and "anchored" in costs["est-default"]["source"]
+    assert {k: costs[k] for k in recorded["aspirin"]} == recorded["aspirin"]  # the stored costs stay as they were
+    # a second missing pair on the same root: anchored the same way, the earlier ones kept (the file is the store)
+    costs = fc.step_costs(root, "aspirin", ["est-ffn-g18", "est-default-g18"], tmp_path, fs.FULL)
+    assert timed[-1] == ["est-ffn", "est-ffn-g18", "est-default-g18"]
+    assert costs["est-ffn-g18"]["cpu_s"] == pytest.approx(4.5) and costs["est-default-g18"]["cpu_s"] == pytest.approx(3.6)
+    assert costs["est-default"]["cpu_s"] == pytest.approx(2.5) and costs["mace"] == recorded["aspirin"]["mace"]
     # ethanol's est-default was timed under the old protocol: both est models are re-timed together
     costs = fc.step_costs(root, "ethanol", ["est-ffn"], tmp_path, fs.FULL)
-    assert timed[-1] == ["est-default", "est-ffn"] and costs["est-ffn"]["cpu_s"] == 9.0
+    assert timed[-1] == ["est-default", "est-ffn"] and costs["est-ffn"]["cpu_s"] == 4.0
+    # --calibrate re-times everything, anchored or not
+    costs = fc.step_costs(root, "aspirin", ["est-ffn"], tmp_path, fs.FULL, fresh=True)
+    assert timed[-1] == ["est-default", "est-default-g18", "est-ffn", "est-ffn-g18"] and costs["est-ffn-g18"]["cpu_s"] == 9.0
+
+
+def test_the_18x18_pair_is_read_against_est_ffn_on_the_same_grid(fs, ft, fc, tmp_path):
+    """est-default-g18 is compared with est-ffn-g18 (ratios, equal time, @time budget, the target's second
+    line); est-ffn-g18 with est-ffn; the other models and the committed target line are untouched."""
+    from est.train import load_config
+
+    assert fs.reference_of("est-default-g18") == fs.reference_of("est-default-g18@time") == "est-ffn-g18"
+    assert fs.reference_of("est-ffn-g18") == fs.reference_of("est-default") == fs.reference_of("mace") == "est-ffn"
+    assert fs.reference_of("est-ffn") == "est-ffn" and {"est-ffn-g18", "est-default-g18"} <= set(fs.ABLATIONS)
+    for split in ("train", "test"):
+        (tmp_path / "ethanol" / split).mkdir(parents=True, exist_ok=True)
+    for model, update in (("est-ffn-g18", "ffn"), ("est-default-g18", "est")):
+        cfg = load_config(fs.est_overrides(model, tmp_path, "ethanol", 0, tmp_path / "rd", fs.FULL)).model
+        assert tuple(cfg.grid_resolution) == (18, 18) and cfg["update"] == update
+    costs = {"est-ffn": {"cpu_s": 1.0}, "est-ffn-g18": {"cpu_s": 2.0}, "est-default-g18": {"cpu_s": 1.6}}
+    assert fs.timed_steps(costs, "est-default-g18@time", fs.FULL) == 1875  # 1,500 x 2.0 / 1.6
+    runs = {"ethanol": {
+        "est-ffn": [record("est-ffn", s, 10.0, curve(1.0, [30.0, 20.0, 10.0])) for s in (0, 1)],
+        "est-default": [record("est-default", s, 11.0, curve(1.0, [30.0, 20.0, 11.0])) for s in (0, 1)],
+        "est-ffn-g18": [record("est-ffn-g18", s, 9.0, curve(1.0, [30.0, 20.0, 9.0])) for s in (0, 1)],
+        "est-default-g18": [record("est-default-g18", s, 8.1, curve(1.0, [20.0, 12.0, 8.1])) for s in (0, 1)]}}
+    fc.with_step_cost_clock(runs, {"ethanol": costs | {"est-default": {"cpu_s": 1.2}}})
+    t = ft.tables(runs, clock="step-cost")
+    steps = t["forces-ethanol"].splitlines()
+    assert "| 0.90 0.90 (2/2 lower) |" in next(x for x in steps if "EquiformerV2 on the 18 x 18" in x)  # 9 / 10
+    assert "| 0.90 0.90 (2/2 lower) |" in next(x for x in steps if "EST default on the 18 x 18" in x)  # 8.1 / 9
+    text = t["forces-ethanol-time"]
+    # est-default-g18 ends at 30 x 1.6 = 48 s; est-ffn-g18 (2 s per step) is then at step 24: 15.6 meV/A; 8.1 / 15.6
+    row = next(x for x in text.splitlines() if "EST default on the 18 x 18" in x)
+    assert "| 0.52 0.52 (2/2 lower) |" in row
+    assert "Target (issue 17): est-default / est-ffn force MAE" in text
+    assert ("The same bound, both on the 18 x 18 grid: est-default-g18 / est-ffn-g18 force MAE at equal time "
+            "(step-cost clock) <= 0.90: per seed 0.52 0.52, mean 0.52, 2/2 seeds within: met.") in text
+    assert "est-ffn-g18` itself against `est-ffn`" in text
+    over = t["forces-overview"].splitlines()
+    assert "| 0.90 (2/2 lower) |" in next(x for x in over if "EST default on the 18 x 18" in x)
+    # without the 18 x 18 runs nothing is said about them
+    plain = ft.tables({"ethanol": {m: runs["ethanol"][m] for m in ("est-ffn", "est-default")}}, clock="step-cost")
+    assert "18 x 18" not in "".join(plain.values())
 
 
 def test_a_model_computing_another_models_step_is_charged_that_models_cost(fs, fc, monkeypatch, tmp_path):
