@@ -204,7 +204,7 @@ def anchored_costs(timed: dict[str, dict[str, Any]], reference: dict[str, Any]) 
     with the fresh ratio (``"ratio_to_reference"``) and its source."""
     t_ref = timed[REFERENCE]
     return {m: t | {"cpu_s": reference["cpu_s"] * t["cpu_s"] / t_ref["cpu_s"],
-                    "wall_s": reference.get("wall_s", reference["cpu_s"]) * t["wall_s"] / t_ref["wall_s"],
+                    "wall_s": reference["wall_s"] * t["wall_s"] / t_ref["wall_s"],
                     "ratio_to_reference": t["cpu_s"] / t_ref["cpu_s"],
                     "source": f"interleaved with {REFERENCE}, anchored to its stored cost"}
             for m, t in timed.items() if m != REFERENCE}

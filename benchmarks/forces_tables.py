@@ -105,9 +105,10 @@ def block_means(errors: list[float], size: int = SHOW_BLOCK) -> list[float]:
 
 
 def frames_table(per_model: dict[str, list[dict]]) -> str:
-    """Per model and seed with per-frame test errors for it and est-ffn (``mace_baseline.FRAMES_KEY``): the
-    test force MAE ratio (against its reference, :func:`forces_setup.reference_of`) with its 90% paired block-bootstrap interval (:func:`frame_ratio`), and both models'
-    MAE per ``SHOW_BLOCK`` consecutive test frames; empty when no pair has them."""
+    """Per model and seed with per-frame test errors for it and its reference (:func:`forces_setup.reference_of`;
+    ``mace_baseline.FRAMES_KEY``): the test force MAE ratio with its 90% paired block-bootstrap interval
+    (:func:`frame_ratio`), and both models' MAE per ``SHOW_BLOCK`` consecutive test frames; empty when no pair
+    has them."""
     rows = []
     for model in (m for m in _order(per_model) if m != reference_of(m)):
         ref = {r["seed"]: r["metrics"].get(mb.FRAMES_KEY) for r in per_model.get(reference_of(model), [])}
@@ -128,9 +129,10 @@ def frames_table(per_model: dict[str, list[dict]]) -> str:
         f"{SHOW_BLOCK}-frame stretches of the test trajectory" + _reference_note(per_model) + ".")
 
 
-def _reference_note(per_model) -> str:
-    """``"; rows on the 18 x 18 grid ..."`` when a model of ``per_model`` has another reference than est-ffn."""
-    return f"; {REFERENCE_WORDS}" if any(reference_of(m) != REFERENCE for m in per_model) else ""
+def _reference_note(models) -> str:
+    """``"; rows on the 18 x 18 grid ..."`` when one of ``models`` (names, or a dict keyed by them) has another
+    reference than est-ffn."""
+    return f"; {REFERENCE_WORDS}" if any(reference_of(m) != REFERENCE for m in models) else ""
 
 
 def _verdict(ratios: list[float], bound: float) -> str:
@@ -260,7 +262,7 @@ def overview(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -
     return markdown_table(rows, cols) + (
         "\n\nForce MAE / est's EquiformerV2's (`update=\"ffn\"`), mean over paired seeds (how many seeds below 1): "
         f"test set at equal steps; validation curves at equal time ({CLOCK_WORDS[clock]})"
-        + _reference_note({m: [] for m in models}) + ".")
+        + _reference_note(models) + ".")
 
 
 def plot_curves(results: dict[str, dict[str, list[dict]]], plots: Path, *, clock: str = "cpu") -> list[Path]:
