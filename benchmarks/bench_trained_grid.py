@@ -10,7 +10,8 @@ less aliasing. The SO(2) message block samples its edge features on a
 ``grid_resolution`` lat x lon grid (10 x 9 in the ``eqv2-tiny`` shape) for its
 pointwise activation; ``--message-grids 18x18`` evaluates the same weights on a
 finer one (``model_overrides={"grid_resolution": [18, 18]}``), for any est model,
-``update="ffn"`` included. For each checkpoint and variant (design degree or
+``update="ffn"`` included; ``--joint`` evaluates every design on every message
+grid too. For each checkpoint and variant (design degree or
 message grid) this prints, side by side with the trained model in the same run:
 
 * test force MAE (meV/A) and mean |F_t - F_trained| (meV/A),
@@ -41,15 +42,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import load, median_time, print_table, save, trained_rotation_error  # noqa: E402
 
 
-def variants(degrees: list[int], message_grids: list[str]) -> list[tuple[str | int, dict | None]]:
-    """``(label, model_overrides)`` of each evaluation, the trained model first; a design's label is its degree."""
+def variants(degrees: list[int], message_grids: list[str], *,
+             joint: bool = False) -> list[tuple[str | int, dict | None]]:
+    """``(label, model_overrides)`` of each evaluation, the trained model first; a design's label is its degree.
+
+    ``joint``: then every design on every message grid as well (label ``"<degree>, messages LATxLON"``),
+    to tell the design's share of the error from the message grid's.
+    """
     out: list[tuple[str | int, dict | None]] = [("trained", None)]
     out += [(d, {"est": {"grid": {"degree": d}}}) for d in degrees]
+    grids = []
     for g in message_grids:
         lat, _, lon = g.lower().partition("x")
         if not (lat.isdigit() and lon.isdigit()):
             raise SystemExit(f"--message-grids: {g!r} is not LATxLON, e.g. 18x18")
-        out.append((f"messages {lat}x{lon}", {"grid_resolution": [int(lat), int(lon)]}))
+        grids.append((f"messages {lat}x{lon}", [int(lat), int(lon)]))
+    out += [(label, {"grid_resolution": res}) for label, res in grids]
+    if joint:
+        out += [(f"{d}, {label}", {"est": {"grid": {"degree": d}}, "grid_resolution": res})
+                for d in degrees for label, res in grids]
     return out
 
 
@@ -94,13 +105,15 @@ def main(argv=None) -> int:
                    help="designs besides the trained one (none: give the flag without values)")
     p.add_argument("--message-grids", nargs="*", default=[], metavar="LATxLON",
                    help="message-block grids besides the trained one, e.g. 18x18")
+    p.add_argument("--joint", action="store_true",
+                   help="also every design with every message grid (which of the two sets the error)")
     p.add_argument("--frames", type=int, default=200, help="test frames for the MAE")
     p.add_argument("--batch-size", type=int, default=25)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", default="trained_grid")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    todo = variants(args.degrees, args.message_grids)
+    todo = variants(args.degrees, args.message_grids, joint=args.joint)
 
     from torch_geometric.data import Batch
 

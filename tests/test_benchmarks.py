@@ -264,7 +264,8 @@ def test_mace_expressivity_separation_in_its_venv(monkeypatch_module):
 
 
 def test_trained_grid_variants_name_designs_and_message_grids(monkeypatch_module):
-    """bench_trained_grid.py: the trained model first, then designs by degree, then message grids; a bad grid by name."""
+    """bench_trained_grid.py: the trained model first, then designs by degree, then message grids, then
+    (``joint``) each design on each grid; a bad grid by name."""
     monkeypatch_module.syspath_prepend(str(BENCH))
     bench = importlib.import_module("bench_trained_grid")
     assert bench.variants([20], ["18x18", "24X12"]) == [
@@ -272,6 +273,10 @@ def test_trained_grid_variants_name_designs_and_message_grids(monkeypatch_module
         ("messages 18x18", {"grid_resolution": [18, 18]}), ("messages 24x12", {"grid_resolution": [24, 12]})]
     with pytest.raises(SystemExit, match="'18' is not LATxLON"):
         bench.variants([], ["18"])
+    joint = bench.variants([20, 24], ["24x24"], joint=True)
+    assert [label for label, _ in joint] == [
+        "trained", 20, 24, "messages 24x24", "20, messages 24x24", "24, messages 24x24"]
+    assert joint[-1][1] == {"est": {"grid": {"degree": 24}}, "grid_resolution": [24, 24]}
 
 
 def test_trained_grid_rows_of_other_checkpoints_are_kept(monkeypatch_module, monkeypatch, tmp_path):
