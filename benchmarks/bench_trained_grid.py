@@ -49,8 +49,11 @@ def variants(degrees: list[int], message_grids: list[str], *,
     ``joint``: then every design on every message grid as well (label ``"<degree>, messages LATxLON"``),
     to tell the design's share of the error from the message grid's.
     """
+    def design(d: int) -> dict:
+        return {"est": {"grid": {"degree": d}}}
+
     out: list[tuple[str | int, dict | None]] = [("trained", None)]
-    out += [(d, {"est": {"grid": {"degree": d}}}) for d in degrees]
+    out += [(d, design(d)) for d in degrees]
     grids = []
     for g in message_grids:
         lat, _, lon = g.lower().partition("x")
@@ -59,7 +62,7 @@ def variants(degrees: list[int], message_grids: list[str], *,
         grids.append((f"messages {lat}x{lon}", [int(lat), int(lon)]))
     out += [(label, {"grid_resolution": res}) for label, res in grids]
     if joint:
-        out += [(f"{d}, {label}", {"est": {"grid": {"degree": d}}, "grid_resolution": res})
+        out += [(f"{d}, {label}", {**design(d), "grid_resolution": res})
                 for d in degrees for label, res in grids]
     return out
 
