@@ -99,12 +99,13 @@ ALLOCATOR = "keep_freed_memory"
 
 
 def calibrate(molecule: str, models: list[str], data_dir: Path, budget: Budget, *, rounds: int = 7,
-              warmup: int = 2, keep_freed: bool = True) -> dict[str, dict[str, Any]]:
+              warmup: int = 2, keep_freed: bool = True, extra: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
     """``{model: {"cpu_s", "wall_s", "rounds", "allocator"}}``: median seconds of one optimisation step of
     each est model, timed round-robin (every model once per round, the same training batch) in this process
     on one thread, so that the machine's load falls on all models alike and their ratio is fair.
     ``keep_freed`` turns :data:`ALLOCATOR` on for this process first (for good); False leaves the process's
-    allocator as it is (``allocator``: ``"as started"``)."""
+    allocator as it is (``allocator``: ``"as started"``). ``extra``: overrides applied to every model after
+    its own (e.g. ``("model.lmax=6",)``)."""
     import tempfile
 
     import torch
@@ -118,7 +119,7 @@ def calibrate(molecule: str, models: list[str], data_dir: Path, budget: Budget, 
     datasets = est_datasets(data_dir, molecule, budget)
     times: dict[str, dict[str, list[float]]] = {m: {"cpu_s": [], "wall_s": []} for m in models}
     with tempfile.TemporaryDirectory() as tmp:
-        trainers = {m: Trainer(load_config(est_overrides(m, data_dir, molecule, 0, Path(tmp) / m, budget)),
+        trainers = {m: Trainer(load_config([*est_overrides(m, data_dir, molecule, 0, Path(tmp) / m, budget), *extra]),
                                datasets=datasets) for m in models}
         first = trainers[models[0]]
         loader = make_loader(first.train_ds, first.sampler)

@@ -26,7 +26,8 @@ counterexample``) the block ``expressivity-lr1e-3-counterexample``; ``forces.jso
 ``torch_sim.json`` (``bench_torch_sim.py``) the block ``torch-sim``; ``cpu_malloc.json``
 (``bench_cpu_malloc.py``) the block ``cpu-malloc``; ``update_cost.json`` (``bench_update_cost.py``) the
 block ``update-cost``; ``cap_saturation.json`` (``bench_cap_saturation.py``) the block ``cap-saturation``;
-``step_cost.json`` (``bench_step_cost.py``) the block ``step-cost``; every ``trained_grid*.json``
+``step_cost.json`` (``bench_step_cost.py``) the block ``step-cost``; ``step_cost_lmax.json``
+(``bench_step_cost_lmax.py``) the block ``step-cost-lmax``; every ``trained_grid*.json``
 (``bench_trained_grid.py --out trained_grid...``) the block of its name with dashes, e.g. ``trained-grid-coarse``.
 
     python benchmarks/summary.py [--docs] [--no-plots]
@@ -227,13 +228,14 @@ def main(argv=None) -> int:
     for name, script in (("vs_fairchem", "bench_vs_fairchem.py"), ("vs_fairchem_equivariance", "bench_equivariance_vs_fairchem.py"),
                          ("equivariance_training", "study_equivariance_training.py"), ("torch_sim", "bench_torch_sim.py"),
                          ("cpu_malloc", "bench_cpu_malloc.py"), ("update_cost", "bench_update_cost.py"),
-                         ("cap_saturation", "bench_cap_saturation.py"), ("step_cost", "bench_step_cost.py")):
+                         ("cap_saturation", "bench_cap_saturation.py"), ("step_cost", "bench_step_cost.py"),
+                         ("step_cost_lmax", "bench_step_cost_lmax.py")):
         d = load(name)
         if not d or not d.get("tables"):
             continue
         tables = d["tables"].values() if isinstance(d["tables"], dict) else d["tables"]
         sections += ["", f"## {name} (`{script}`)"] + [f"\n{t}" for t in tables]
-        if name in ("torch_sim", "cpu_malloc", "update_cost", "cap_saturation", "step_cost"):  # docs/results.md blocks, dashed names
+        if name in ("torch_sim", "cpu_malloc", "update_cost", "cap_saturation", "step_cost", "step_cost_lmax"):  # dashed
             blocks[name.replace("_", "-")] = "\n\n".join(tables)
     for name in sorted(f.stem for f in RESULTS.glob("trained_grid*.json")):  # docs/results.md blocks trained-grid*
         grid = load(name)

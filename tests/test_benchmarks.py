@@ -371,3 +371,42 @@ def test_cap_saturation_keeps_the_rows_of_runs_read_before(monkeypatch_module, m
         ("ethanol", "est-cap8", "initial", 6.0), ("ethanol", "est-cap8", "trained", 7.0),
         ("ethanol", "est-default@time", "trained", 4.0)]
     assert bench.with_earlier_rows(new[:1], 20) == new[:1]
+
+
+def test_step_cost_lmax_times_the_18x18_pair_at_each_degree_and_width(monkeypatch_module, monkeypatch, tmp_path,
+                                                                      capsys):
+    """bench_step_cost_lmax.py: the study's 18 x 18 pair, rebuilt at each (L, C) through the study's own overrides,
+    timed by the study's clock; r is the EST default's step over EquiformerV2's."""
+    import json
+
+    from est.train import load_config
+
+    monkeypatch_module.syspath_prepend(str(BENCH / "baseline"))
+    monkeypatch_module.syspath_prepend(str(BENCH))
+    bench = importlib.import_module("bench_step_cost_lmax")
+    fs = importlib.import_module("forces_setup")
+    for model, update in zip(bench.PAIR, ("ffn", "est")):
+        overrides = [*fs.est_overrides(model, tmp_path, "ethanol", 0, tmp_path / "run", fs.FULL), *bench.shape(6, 128)]
+        cfg = load_config(overrides, check=False).model
+        assert (cfg["update"], cfg.lmax, cfg.channels, cfg.edge_channels, cfg.ffn_hidden_channels) == (update, 6, 128, 128, 128)
+        assert list(cfg.grid_resolution) == [18, 18] and cfg.regress_forces == "gradient"
+    calls = []
+
+    def calibrate(molecule, models, data_dir, budget, *, rounds, extra):
+        calls.append((molecule, tuple(models), rounds, extra))
+        lmax = int(extra[0].split("=")[1])
+        return {models[0]: {"cpu_s": 2.0}, models[1]: {"cpu_s": 2.0 * (0.8 + 0.05 * lmax)}}
+
+    monkeypatch.setattr(bench, "calibrate", calibrate)
+    monkeypatch.setattr(importlib.import_module("common"), "RESULTS", tmp_path)
+    with pytest.raises(SystemExit, match="no training set"):
+        bench.main(["--data-dir", str(tmp_path)])
+    (tmp_path / "ethanol" / "train").mkdir(parents=True)
+    assert bench.main(["--data-dir", str(tmp_path), "--lmax", "4", "6", "--channels", "32", "--repeats", "2",
+                       "--rounds", "3"]) == 0
+    assert [c[3][:2] for c in calls] == [("model.lmax=4", "model.channels=32")] * 2 + [("model.lmax=6", "model.channels=32")] * 2
+    assert all(c[1] == bench.PAIR and c[2] == 3 for c in calls)
+    rows = json.loads((tmp_path / "step_cost_lmax.json").read_text())["rows"]
+    assert [(r["L"], r["C"], r["EST design"]) for r in rows] == [(4, 32, "t = 16, S = 146"), (6, 32, "t = 18, S = 182")]
+    assert [r["r (mean)"] for r in rows] == pytest.approx([1.0, 1.1])
+    assert "| 6 | 32 | t = 18, S = 182 |" in capsys.readouterr().out

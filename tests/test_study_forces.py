@@ -484,3 +484,31 @@ def test_refresh_metrics_replaces_only_the_test_metrics_of_an_old_record(fs, sf,
     after = json.loads((tmp_path / "result.json").read_text())
     assert after == dict(rec, metrics=new) and json.loads((tmp_path / "test.json").read_text()) == new
     assert not sf.refresh_metrics(tmp_path, tmp_path, fs.FULL) and len(calls) == 1  # already there: nothing to do
+
+
+def test_calibrate_applies_extra_overrides_after_each_models_own(fc, monkeypatch, tmp_path):
+    """``calibrate(..., extra=...)`` (bench_step_cost_lmax.py): every timed model is built with the study's
+    overrides, then ``extra``, so a later ``model.lmax=6`` wins over the shape's L = 3."""
+    import est.train
+    import est.train.data
+
+    built = {}
+
+    class Trainer:
+        def __init__(self, cfg, datasets):
+            built[cfg.name] = cfg
+            self.train_ds, self.sampler = [0], None
+
+        def train_step(self, batch):
+            pass
+
+    monkeypatch.setattr(est.train, "Trainer", Trainer)
+    monkeypatch.setattr(est.train.data, "make_loader", lambda ds, sampler: [{"batch": 0}])
+    monkeypatch.setattr(fc, "est_datasets", lambda *a: {})
+    from est.train.config import load_config
+    monkeypatch.setattr(est.train, "load_config", lambda overrides: load_config(overrides, check=False))
+    costs = fc.calibrate("ethanol", ["est-ffn-g18", "est-default-g18"], tmp_path, fc.Budget(), rounds=2, warmup=1,
+                         keep_freed=False, extra=("model.lmax=6",))
+    assert set(costs) == {"est-ffn-g18", "est-default-g18"} and costs["est-ffn-g18"]["rounds"] == 2
+    assert {n: (c.model.lmax, list(c.model.grid_resolution)) for n, c in built.items()} == {
+        "forces-ethanol-est-ffn-g18": (6, [18, 18]), "forces-ethanol-est-default-g18": (6, [18, 18])}
