@@ -395,7 +395,7 @@ def test_step_cost_lmax_times_the_18x18_pair_at_each_degree_and_width(monkeypatc
     def calibrate(molecule, models, data_dir, budget, *, rounds, extra):
         calls.append((molecule, tuple(models), rounds, extra))
         lmax = int(extra[0].split("=")[1])
-        return {models[0]: {"cpu_s": 2.0}, models[1]: {"cpu_s": 2.0 * (0.8 + 0.05 * lmax)}}
+        return {models[0]: {"cpu_s": 2.0, "rounds": rounds}, models[1]: {"cpu_s": 2.0 * (0.8 + 0.05 * lmax), "rounds": rounds}}
 
     monkeypatch.setattr(bench, "calibrate", calibrate)
     monkeypatch.setattr(importlib.import_module("common"), "RESULTS", tmp_path)
@@ -408,5 +408,14 @@ def test_step_cost_lmax_times_the_18x18_pair_at_each_degree_and_width(monkeypatc
     assert all(c[1] == bench.PAIR and c[2] == 3 for c in calls)
     rows = json.loads((tmp_path / "step_cost_lmax.json").read_text())["rows"]
     assert [(r["L"], r["C"], r["EST design"]) for r in rows] == [(4, 32, "t = 16, S = 146"), (6, 32, "t = 18, S = 182")]
-    assert [r["r (mean)"] for r in rows] == pytest.approx([1.0, 1.1])
+    assert [r["r (mean)"] for r in rows] == pytest.approx([1.0, 1.1]) and rows[0]["calibrations x rounds"] == "2 x 3"
     assert "| 6 | 32 | t = 18, S = 182 |" in capsys.readouterr().out
+    # re-timing one (L, C) replaces its row and keeps the others; another molecule's rows are not mixed in
+    assert bench.main(["--data-dir", str(tmp_path), "--lmax", "6", "3", "--channels", "32", "--repeats", "1",
+                       "--rounds", "5"]) == 0
+    rows = json.loads((tmp_path / "step_cost_lmax.json").read_text())["rows"]
+    assert [(r["L"], r["calibrations x rounds"]) for r in rows] == [(3, "1 x 5"), (4, "2 x 3"), (6, "1 x 5")]
+    (tmp_path / "aspirin" / "train").mkdir(parents=True)
+    assert bench.main(["--data-dir", str(tmp_path), "--molecule", "aspirin", "--lmax", "4", "--channels", "32",
+                       "--repeats", "1"]) == 0
+    assert [r["L"] for r in json.loads((tmp_path / "step_cost_lmax.json").read_text())["rows"]] == [4]
