@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "baseline"))
 
-from common import dash_missing, load, print_table, save, setup_threads  # noqa: E402
+from common import dash_missing, load, print_table, save, setup_threads, with_stored_rows  # noqa: E402
 
 #: the study's run folders: ``<model>-s<seed>``
 RUN_GLOB = "est-*-s*"
@@ -126,10 +126,7 @@ def row_key(row: dict) -> tuple:
 def with_earlier_rows(rows: list[dict], every: int) -> list[dict]:
     """``rows`` and the stored rows of ``cap_saturation.json`` (read at the same ``every``) of runs not among
     them (another sitting's run folders), sorted by molecule, model, seed, initial before trained."""
-    old = load("cap_saturation") or {}
-    fresh = {row_key(r) for r in rows}
-    kept = [r for r in old.get("rows", []) if old.get("every") == every and row_key(r) not in fresh]
-    return sorted(kept + rows, key=lambda r: (r["molecule"], r["model"], r["seed"], r["weights"] != "initial"))
+    return sorted(with_stored_rows("cap_saturation", rows, row_key, same={"every": every}), key=lambda r: (r["molecule"], r["model"], r["seed"], r["weights"] != "initial"))
 
 
 def main(argv=None) -> int:

@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "baseline"))
 
-from common import load, print_table, save, setup_threads  # noqa: E402
+from common import print_table, save, setup_threads, with_stored_rows  # noqa: E402
 from forces_clock import calibrate  # noqa: E402
 from forces_setup import FULL, GRID18_SUFFIX, REFERENCE, TARGET  # noqa: E402
 
@@ -70,10 +70,8 @@ def lmax_row(lmax: int, channels: int, fresh: list[dict[str, dict]], load_avg: s
 def merged_rows(rows: list[dict], molecule: str) -> list[dict]:
     """The stored rows of ``step_cost_lmax.json`` of ``molecule`` whose (L, C) is not in ``rows``, and ``rows``,
     ordered by C then L."""
-    stored = load("step_cost_lmax") or {}
-    new = {(r["L"], r["C"]) for r in rows}
-    kept = [r for r in stored.get("rows", []) if (r["L"], r["C"]) not in new] if stored.get("molecule") == molecule else []
-    return sorted(kept + rows, key=lambda r: (r["C"], r["L"]))
+    kept = with_stored_rows("step_cost_lmax", rows, lambda r: (r["L"], r["C"]), same={"molecule": molecule})
+    return sorted(kept, key=lambda r: (r["C"], r["L"]))
 
 
 def main(argv=None) -> int:

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import load, median_time, print_table, save, trained_rotation_error  # noqa: E402
+from common import median_time, print_table, save, trained_rotation_error, with_stored_rows  # noqa: E402
 
 
 def variants(degrees: list[int], message_grids: list[str], *,
@@ -93,11 +93,7 @@ def points(model) -> int | None:
 def merged_rows(out: str, rows: list[dict], *, data: str, frames: int) -> list[dict]:
     """The stored rows of ``results/<out>.json`` whose checkpoint is not in ``rows``, then ``rows``; only
     rows measured on the same ``data`` and number of ``frames`` are kept."""
-    stored = load(out) or {}
-    if stored.get("data") != data or stored.get("frames") != frames:
-        return rows
-    new = {r["checkpoint"] for r in rows}
-    return [r for r in stored.get("rows", []) if r["checkpoint"] not in new] + rows
+    return with_stored_rows(out, rows, lambda r: r["checkpoint"], same={"data": data, "frames": frames})
 
 
 def main(argv=None) -> int:

@@ -8,7 +8,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -101,6 +101,17 @@ def load(name: str) -> dict | None:
     """``benchmarks/results/<name>.json``, or None when it does not exist."""
     path = RESULTS / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def with_stored_rows(name: str, rows: list[dict], key: Callable[[dict], Any], *, same: dict[str, Any]) -> list[dict]:
+    """The rows of ``results/<name>.json`` whose ``key`` is not among ``rows``' keys, then ``rows``: a bench
+    re-measures some cases and keeps the others. Only a file whose top-level fields ``same`` equal those given
+    (the data, frames or molecule they were measured on) lends rows; otherwise ``rows`` alone."""
+    stored = load(name) or {}
+    if any(stored.get(k) != v for k, v in same.items()):
+        return list(rows)
+    new = {key(r) for r in rows}
+    return [r for r in stored.get("rows", []) if key(r) not in new] + list(rows)
 
 
 def save(name: str, payload: dict) -> Path:

@@ -48,6 +48,14 @@ README = HERE.parent / "README.md"
 #: pages whose ``<!-- summary:NAME -->`` blocks ``--docs`` re-renders
 PAGES = (README, HERE.parent / "docs" / "results.md")
 
+#: (results name, the script that wrote it, whether docs/results.md has its block ``<name with dashes>``): files
+#: whose rendered ``tables`` are stored in them and shown as they are
+STORED_TABLES = (("vs_fairchem", "bench_vs_fairchem.py", False),
+                 ("vs_fairchem_equivariance", "bench_equivariance_vs_fairchem.py", False),
+                 ("equivariance_training", "study_equivariance_training.py", False),
+                 ("torch_sim", "bench_torch_sim.py", True), ("cpu_malloc", "bench_cpu_malloc.py", True),
+                 ("update_cost", "bench_update_cost.py", True), ("cap_saturation", "bench_cap_saturation.py", True),
+                 ("step_cost", "bench_step_cost.py", True), ("step_cost_lmax", "bench_step_cost_lmax.py", True))
 #: the models of the main comparison, in table order (the rest are ablations)
 MAIN = ["fairchem", "est-ffn", "est-default", "est-hybrid0"]
 #: (title, metric key, scale to the reporting unit), per data set
@@ -225,17 +233,13 @@ def main(argv=None) -> int:
             blocks[prefix + name] = tbl
             sections += ["", f"## {prefix}{name} (`study_accuracy.py`, {' '.join(d.get('overrides') or []) or 'as configured'})",
                          "", tbl]
-    for name, script in (("vs_fairchem", "bench_vs_fairchem.py"), ("vs_fairchem_equivariance", "bench_equivariance_vs_fairchem.py"),
-                         ("equivariance_training", "study_equivariance_training.py"), ("torch_sim", "bench_torch_sim.py"),
-                         ("cpu_malloc", "bench_cpu_malloc.py"), ("update_cost", "bench_update_cost.py"),
-                         ("cap_saturation", "bench_cap_saturation.py"), ("step_cost", "bench_step_cost.py"),
-                         ("step_cost_lmax", "bench_step_cost_lmax.py")):
+    for name, script, block in STORED_TABLES:
         d = load(name)
         if not d or not d.get("tables"):
             continue
         tables = d["tables"].values() if isinstance(d["tables"], dict) else d["tables"]
         sections += ["", f"## {name} (`{script}`)"] + [f"\n{t}" for t in tables]
-        if name in ("torch_sim", "cpu_malloc", "update_cost", "cap_saturation", "step_cost", "step_cost_lmax"):  # dashed
+        if block:
             blocks[name.replace("_", "-")] = "\n\n".join(tables)
     for name in sorted(f.stem for f in RESULTS.glob("trained_grid*.json")):  # docs/results.md blocks trained-grid*
         grid = load(name)
