@@ -64,6 +64,16 @@ def test_default_preset_caps_the_logits_and_zero_turns_it_off():
     assert cfg.model.est.logit_cap == 0
 
 
+def test_value_skip_is_off_by_default_and_reaches_every_block():
+    def skips(**est):
+        model = build_model("est-tiny", update="est", est=est)
+        return [b.config.value_skip for b in model.modules() if type(b).__name__ == "SphericalTransformer"]
+
+    assert skips() == [False, False] and skips(value_skip=True) == [True, True]
+    cfg = load_config(["+experiment=oc20_s2ef_quick", "model.update=est", "model.est.value_skip=true"], check=False)
+    assert cfg.model.est.value_skip is True
+
+
 @pytest.mark.parametrize("version, est, expected", [
     (1, {"preset": "default"}, 0.0),  # an uncapped EST default of before version 2 stays uncapped
     (1, {"preset": "default", "logit_cap": 4.0}, 4.0),

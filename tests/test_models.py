@@ -75,6 +75,14 @@ UNCAPPED_TOL = {
 }
 
 
+#: the default with ``model.est.value_skip=true`` (each point's value added to its attention output), design of
+#: degree 16: force mode -> (energy, forces); measured as above (python tests/test_models.py)
+SKIP_TOL = {
+    "direct": (7e-12, 3.5e-8),  # measured 6.7e-13, 3.4e-9
+    "gradient": (7e-12, 1.5e-9),  # measured 6.7e-13, 1.4e-10
+}
+
+
 def rotation_errors(model, b, rotations):
     """Max relative energy and force rotation errors of ``model`` on batch ``b`` (float64)."""
     out = {k: v.detach() for k, v in model(b).items()}
@@ -91,6 +99,16 @@ def test_uncapped_model_equivariant(forces, tol):
     """The default preset without its logit cap (``model.est.logit_cap=0``; the default before v2) (float64)."""
     model = tiny("est-tiny", grid=None, regress_forces=forces, envelope="polynomial", est={"logit_cap": 0})
     assert model.backbone.update_blocks[0].spherical.config.logit_cap is None
+    R = random_rotation(3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    err_e, err_f = rotation_errors(model, batch_of(molecule(7, 0), molecule(5, 1)), R)
+    assert err_e < tol[0] and err_f < tol[1], (err_e, err_f)
+
+
+@pytest.mark.parametrize("forces, tol", list(SKIP_TOL.items()))
+def test_value_skip_model_equivariant(forces, tol):
+    """The default preset with each point's value added to its attention output (float64)."""
+    model = tiny("est-tiny", grid=None, regress_forces=forces, envelope="polynomial", est={"value_skip": True})
+    assert model.backbone.update_blocks[0].spherical.config.value_skip
     R = random_rotation(3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     err_e, err_f = rotation_errors(model, batch_of(molecule(7, 0), molecule(5, 1)), R)
     assert err_e < tol[0] and err_f < tol[1], (err_e, err_f)
@@ -351,6 +369,15 @@ if __name__ == "__main__":  # the measured levels behind ROTATION_TOL
                 errs = rotation_errors(tiny(name, grid=grid, regress_forces=forces, envelope="polynomial"), mols, rots)
                 worst = [max(w, e) for w, e in zip(worst, errs)]
         print(f"{name:15s} grid={grid}: energy {worst[0]:.1e} forces {worst[1]:.1e} (tolerance {tol[0]:.0e}, {tol[1]:.0e})")
+    for label, est, tols in (("uncapped", {"logit_cap": 0}, UNCAPPED_TOL), ("value_skip", {"value_skip": True}, SKIP_TOL)):
+        for forces, tol in tols.items():
+            worst = [0.0, 0.0]
+            for seed in range(3):
+                torch.manual_seed(seed)
+                model = tiny("est-tiny", grid=None, regress_forces=forces, envelope="polynomial", est=est)
+                worst = [max(w, e) for w, e in zip(worst, rotation_errors(model, mols, rots))]
+            print(f"est-tiny {label} {forces}: energy {worst[0]:.1e} forces {worst[1]:.1e} "
+                  f"(tolerance {tol[0]:.0e}, {tol[1]:.0e})")
 
 
 @pytest.mark.parametrize("name", ["eqv2-tiny", "est-tiny", "est-paper-tiny"])

@@ -71,8 +71,8 @@ def update_block_config(cfg: ModelConfig):
     if cfg.update == "ffn" or est.preset == "paper":
         # EquiformerV2's FFN (and the released EST module) sample the e3nn grid
         overrides["ffn_grid"] = GridConfig(kind="equiangular", resolution=cfg.grid_resolution)
-    for key in ("num_heads", "encoding", "grid_rotation", "mlp_ratio", "projections", "logit_cap", "num_steerable_experts",
-                "num_spherical_experts"):
+    for key in ("num_heads", "encoding", "grid_rotation", "mlp_ratio", "projections", "logit_cap", "value_skip",
+                "num_steerable_experts", "num_spherical_experts"):
         if getattr(est, key) is not None:
             overrides[key] = getattr(est, key)
     if overrides.get("logit_cap") == 0:  # model.est.logit_cap=0: off

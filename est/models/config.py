@@ -36,7 +36,9 @@ class ESTOptions:
     equiangular grid, as EquiformerV2). Hydra: ``model.est.preset=paper``,
     ``model.est.grid.degree=24``. ``logit_cap``: the bound on the spherical
     Transformer's attention logits; ``None`` keeps the preset's (default: 4,
-    paper: none), ``0`` turns it off (``model.est.logit_cap=0``).
+    paper: none), ``0`` turns it off (``model.est.logit_cap=0``). ``value_skip``:
+    add each point's value to its attention output (``model.est.value_skip=true``;
+    off in both presets; see :mod:`est.nn.spherical_transformer`, step 5).
     """
 
     preset: str = "default"
@@ -47,6 +49,7 @@ class ESTOptions:
     mlp_ratio: int | None = None
     projections: str | None = None
     logit_cap: float | None = None  # None: the preset's (default: 4, paper: off); 0: off
+    value_skip: bool | None = None  # None: the preset's (off): each point's value added to its attention output
     grid_rotation: bool | None = None
     grid: GridOptions = dataclasses.field(default_factory=GridOptions)
     steerable_grid: GridOptions = dataclasses.field(default_factory=GridOptions)

@@ -50,6 +50,7 @@ class ESTBlockConfig:
     projections: str = "points"  # spherical Transformer: "points" (the paper) or "irreps" (linears on coefficients)
     logit_cap: float | None = None  # spherical Transformer: bound on |attention logits| ("irreps"; None: off;
     #                                 the default preset: 4)
+    value_skip: bool = False  # spherical Transformer: each point's value added to its attention output
     grid: GridConfig = field(default_factory=lambda: GridConfig(kind="design", normalization="quadrature"))
     grid_rotation: bool = True
     drop_path: float = 0.0
@@ -197,6 +198,7 @@ class ESTBlock(nn.Module):
                     grid=cfg.grid,
                     projections=cfg.projections,
                     logit_cap=cfg.logit_cap,
+                    value_skip=cfg.value_skip,
                 )
             )
             if E_sph

@@ -34,6 +34,13 @@ For each atom, with features :math:`h \in \mathbb{R}^{K\times C}` and points
    :math:`|\ell| \approx 6` on GFN2-xTB ethanol, where the degree-16 design
    aliased at 3e-3). A pointwise :math:`c\tanh(\ell/c)` would not do this: on
    sharp logits it tends to a step function on the sphere;
+   ``value_skip`` (off by default) adds each point's own value to its attention
+   output, :math:`o(p) = v(p) + \sum_t \mathrm{softmax}_t(\ell(p, \cdot))\,v(t)`: a
+   softmax row is a convex average, so without it the output at p is a blurred
+   copy of the values (over ~35 degrees at logits bounded by 4); with it the
+   attention adds its spherical average to the pointwise value, and uniform
+   attention (:math:`A = 0`) leaves EquiformerV2's pointwise S2 MLP plus the
+   sphere mean of the values;
 6. gated spherical experts :math:`\sum_e g_e\,\mathrm{MLP}_e` per point;
 7. back to irreps :math:`\mathcal{F}^{-1}`, with the l = 0 row replaced by :math:`h_0'`.
 
@@ -112,6 +119,7 @@ class SphericalTransformerConfig:
     grid: GridConfig = field(default_factory=GridConfig)
     projections: str = "points"  # "points": the paper's per-point LayerNorm + linears; "irreps": see the module doc
     logit_cap: float | None = None  # bound c on |q . k| / sqrt(d') ("irreps" projections; step 5); None: off
+    value_skip: bool = False  # o(p) = v(p) + attn(v)(p) (step 5)
 
     def __post_init__(self) -> None:
         check_positive(self, ("channels", "num_heads", "num_experts", "mlp_ratio"), owner="SphericalTransformerConfig")
@@ -211,6 +219,8 @@ class SphericalTransformer(Float64Masters):
         # (create_graph=True), which the fused CPU/GPU kernels do not support; no_grad inference may fuse
         with sdpa_kernel(SDPBackend.MATH) if torch.is_grad_enabled() else contextlib.nullcontext():
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=self.scale)  # [N, H, S, d_v]
+        if self.config.value_skip:
+            o = o + v  # [N, H, S, d_v]
         return o.transpose(1, 2).flatten(-2)  # [N, S, H * d_v]
 
     def _attend_factored(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -226,7 +236,10 @@ class SphericalTransformer(Float64Masters):
         logits = (a.transpose(-1, -2) @ Y.T).transpose(-1, -2) @ Y.T  # [N, H, S, S]
         bias = self._attention_bias(logits.dtype)  # [S, S], [H, S, S] or None
         weights = torch.softmax(logits if bias is None else logits + bias, dim=-1)  # [N, H, S, S] over the keys
-        o = (weights @ Y) @ v  # [N, H, S, d_v]
+        mixed = weights @ Y  # [N, H, S, K]
+        if self.config.value_skip:
+            mixed = mixed + Y  # [N, H, S, K]: each point's own value
+        o = mixed @ v  # [N, H, S, d_v]
         return o.transpose(1, 2).flatten(-2)  # [N, S, H * d_v]
 
     def _coefficient_logits(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
