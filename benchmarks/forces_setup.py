@@ -48,6 +48,10 @@ MODELS: dict[str, list[str]] = {
     # is a convex average, so the default's output at a point is a blurred copy of the values; with the skip
     # the attention adds to EquiformerV2's pointwise S2 MLP instead of replacing it
     "est-skip": ["model.update=est", "model.est.preset=default", "model.est.value_skip=true"],
+    # est-skip on a degree-12 design (86 points, fewer than the 10 x 9 grid's 90 that EquiformerV2's FFN samples):
+    # the attention's S^2 work at ~1/3 of the default's
+    "est-skip-t12": ["model.update=est", "model.est.preset=default", "model.est.value_skip=true",
+                     "model.est.grid.degree=12"],
     # EquiformerV2 and the EST default both on the 18 x 18 grid: the comparison at equal (trained) equivariance,
     # where EquiformerV2 pays for its finer sampling in the FFN and the EST block does not
     "est-ffn" + GRID18_SUFFIX: ["model.update=ffn", *GRID18],
@@ -61,12 +65,13 @@ LABELS = {"est-ffn": "est EquiformerV2 (`update=\"ffn\"`)", "est-default": "est 
           "est-t14": "est EST default on a degree-14 design (S = 114)",
           "est-cap8": "est EST default, logits bounded by 8 (not 4)",
           "est-skip": "est EST default, each point's value added to its attention output",
+          "est-skip-t12": "est EST default with the value skip, on a degree-12 design (S = 86)",
           "est-ffn" + GRID18_SUFFIX: "est EquiformerV2 on the 18 x 18 grid",
           "est-default" + GRID18_SUFFIX: "est EST default on the 18 x 18 grid",
           MACE: "MACE (L=2, 64 ch)"}
 #: models run only when named (--models): the default without its logit bound, on a coarser design, with a looser
 #: bound; EquiformerV2 and the default on the 18 x 18 grid
-ABLATIONS = ("est-uncapped", "est-half-uncapped", "est-t14", "est-cap8", "est-skip", "est-ffn" + GRID18_SUFFIX,
+ABLATIONS = ("est-uncapped", "est-half-uncapped", "est-t14", "est-cap8", "est-skip", "est-skip-t12", "est-ffn" + GRID18_SUFFIX,
              "est-default" + GRID18_SUFFIX)
 REFERENCE = "est-ffn"
 #: ``<model>@time``: ``<model>`` trained for as many steps as fit in est-ffn's time (its 1,500 steps x its step
