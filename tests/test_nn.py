@@ -120,6 +120,20 @@ def test_irreps_projections_are_the_per_point_transformer_reassociated():
     assert torch.allclose(out[:, 0], st.scalar(x[:, 0]), atol=1e-14)
 
 
+def assert_forms_agree(st, x, *, rel, rotation=None):
+    """``st``'s factored and point forms agree in value, gradient and second derivative (gradient forces
+    train through both), each within ``rel`` of its largest entry."""
+    results = []
+    for factored in (True, False):
+        st.factored = factored
+        y = st(x, rotation=rotation)
+        g, = torch.autograd.grad(y.pow(2).sum(), x, create_graph=True)
+        gg, = torch.autograd.grad(g.pow(3).sum(), x)
+        results.append((y, g, gg))
+    for a, b in zip(*results):
+        assert (a - b).abs().max() <= rel * b.abs().max()
+
+
 @pytest.mark.parametrize("heads,encoding,grid", [(1, "concat", GridConfig(kind="design", degree=16)),
                                                  (2, "bias", GridConfig(kind="gauss-legendre")),
                                                  (4, "none", GridConfig(kind="equiangular", resolution=(10, 9)))])
@@ -135,15 +149,7 @@ def test_factored_attention_is_the_point_attention(heads, encoding, grid):
     x = torch.randn(4, 16, 32, dtype=torch.float64, requires_grad=True)
     R = random_rotation(4, generator=torch.Generator().manual_seed(1))
     rot = (wigner_D(3, R), R)
-    results = []
-    for factored in (True, False):
-        st.factored = factored
-        y = st(x, rotation=rot)
-        g, = torch.autograd.grad(y.pow(2).sum(), x, create_graph=True)
-        gg, = torch.autograd.grad(g.pow(3).sum(), x)
-        results.append((y, g, gg))
-    for a, b in zip(*results):
-        assert (a - b).abs().max() <= 1e-12 * b.abs().max()
+    assert_forms_agree(st, x, rel=1e-12, rotation=rot)
 
 
 def _sharp_transformer(cap, seed=0, lmax=L):
@@ -185,15 +191,7 @@ def test_logit_cap_same_in_point_and_factored_forms():
     """The cap acts on the coefficients, before either form: values and second derivatives agree."""
     st = _sharp_transformer(3.0)
     x = torch.randn(4, 16, C, dtype=torch.float64, requires_grad=True)
-    results = []
-    for factored in (True, False):
-        st.factored = factored
-        y = st(x)
-        g, = torch.autograd.grad(y.pow(2).sum(), x, create_graph=True)
-        gg, = torch.autograd.grad(g.pow(3).sum(), x)
-        results.append((y, g, gg))
-    for a, b in zip(*results):
-        assert (a - b).abs().max() <= 1e-11 * b.abs().max()
+    assert_forms_agree(st, x, rel=1e-11)
 
 
 def _skip_transformer(skip, seed=0, **kw):
@@ -225,15 +223,7 @@ def test_value_skip_same_in_point_and_factored_forms_and_equivariant():
     (measured 1.9e-5..4.3e-5 over 3 seeds; 3.4e-8..1.0e-7 without the skip)."""
     st = _skip_transformer(True, logit_cap=4.0)
     x = torch.randn(4, (L + 1) ** 2, C, dtype=torch.float64, requires_grad=True)
-    results = []
-    for factored in (True, False):
-        st.factored = factored
-        y = st(x)
-        g, = torch.autograd.grad(y.pow(2).sum(), x, create_graph=True)
-        gg, = torch.autograd.grad(g.pow(3).sum(), x)
-        results.append((y, g, gg))
-    for a, b in zip(*results):
-        assert (a - b).abs().max() <= 1e-11 * b.abs().max()
+    assert_forms_agree(st, x, rel=1e-11)
     st.factored = True
     for seed in range(3):
         assert rel_equivariance_error(_skip_transformer(True, seed, logit_cap=4.0)) < 4e-4
