@@ -37,10 +37,10 @@ For each atom, with features :math:`h \in \mathbb{R}^{K\times C}` and points
    ``value_skip`` (off by default) adds each point's own value to its attention
    output, :math:`o(p) = v(p) + \sum_t \mathrm{softmax}_t(\ell(p, \cdot))\,v(t)`: a
    softmax row is a convex average, so without it the output at p is a blurred
-   copy of the values (over ~35 degrees at logits bounded by 4); with it the
+   copy of the values (how sharp, the bounded logits decide); with it the
    attention adds its spherical average to the pointwise value, and uniform
-   attention (:math:`A = 0`) leaves EquiformerV2's pointwise S2 MLP plus the
-   sphere mean of the values;
+   attention (:math:`A = 0`, no orientation encoding) leaves EquiformerV2's
+   pointwise S2 MLP plus the sphere mean of the values;
 6. gated spherical experts :math:`\sum_e g_e\,\mathrm{MLP}_e` per point;
 7. back to irreps :math:`\mathcal{F}^{-1}`, with the l = 0 row replaced by :math:`h_0'`.
 
