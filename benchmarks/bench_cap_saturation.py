@@ -126,7 +126,8 @@ def row_key(row: dict) -> tuple:
 def with_earlier_rows(rows: list[dict], every: int) -> list[dict]:
     """``rows`` and the stored rows of ``cap_saturation.json`` (read at the same ``every``) of runs not among
     them (another sitting's run folders), sorted by molecule, model, seed, initial before trained."""
-    return sorted(with_stored_rows("cap_saturation", rows, row_key, same={"every": every}), key=lambda r: (r["molecule"], r["model"], r["seed"], r["weights"] != "initial"))
+    merged = with_stored_rows("cap_saturation", rows, row_key, same={"every": every})
+    return sorted(merged, key=lambda r: (r["molecule"], r["model"], r["seed"], r["weights"] != "initial"))
 
 
 def main(argv=None) -> int:

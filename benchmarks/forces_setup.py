@@ -30,32 +30,35 @@ HALF = ["model.channels=16", "model.attn_hidden_channels=16", "model.ffn_hidden_
 GRID18_SUFFIX = "-g18"
 GRID18 = ["model.grid_resolution=[18,18]"]
 MACE = "mace"
+#: the EST default block's overrides
+EST_DEFAULT = ["model.update=est", "model.est.preset=default"]
+#: the EST default with each point's value added to its attention output
+EST_SKIP = [*EST_DEFAULT, "model.est.value_skip=true"]
 #: model label -> overrides on top of SHAPE (``mace``: the MACE baseline, no overrides)
 MODELS: dict[str, list[str]] = {
     "est-ffn": ["model.update=ffn"],
-    "est-default": ["model.update=est", "model.est.preset=default"],
+    "est-default": [*EST_DEFAULT],
     "est-paper": ["model.update=est", "model.est.preset=paper"],
-    "est-half": ["model.update=est", "model.est.preset=default", *HALF],
+    "est-half": [*EST_DEFAULT, *HALF],
     "est-uncapped": common.EST_UNCAPPED,  # the default without its bound on the attention logits
     "est-half-uncapped": [*common.EST_UNCAPPED, *HALF],
     # the default on a degree-14 design (114 points instead of 146): a trained t = 16 model loses nothing
     # on it (bench_trained_grid.py); does one trained on it, at ~0.8x the attention's points?
-    "est-t14": ["model.update=est", "model.est.preset=default", "model.est.grid.degree=14"],
+    "est-t14": [*EST_DEFAULT, "model.est.grid.degree=14"],
     # the default with its logit bound doubled (c = 8): the bound binds in layer 1 of every trained default
     # (bench_cap_saturation.py); does a looser one train better, and what does it cost in equivariance?
-    "est-cap8": ["model.update=est", "model.est.preset=default", "model.est.logit_cap=8"],
+    "est-cap8": [*EST_DEFAULT, "model.est.logit_cap=8"],
     # the default with each point's value added to its attention output (model.est.value_skip): a softmax row
     # is a convex average, so the default's output at a point is a blurred copy of the values; with the skip
     # the attention adds to EquiformerV2's pointwise S2 MLP instead of replacing it
-    "est-skip": ["model.update=est", "model.est.preset=default", "model.est.value_skip=true"],
+    "est-skip": [*EST_SKIP],
     # est-skip on a degree-12 design (86 points, fewer than the 10 x 9 grid's 90 that EquiformerV2's FFN samples):
     # the attention's S^2 work at ~1/3 of the default's
-    "est-skip-t12": ["model.update=est", "model.est.preset=default", "model.est.value_skip=true",
-                     "model.est.grid.degree=12"],
+    "est-skip-t12": [*EST_SKIP, "model.est.grid.degree=12"],
     # EquiformerV2 and the EST default both on the 18 x 18 grid: the comparison at equal (trained) equivariance,
     # where EquiformerV2 pays for its finer sampling in the FFN and the EST block does not
     "est-ffn" + GRID18_SUFFIX: ["model.update=ffn", *GRID18],
-    "est-default" + GRID18_SUFFIX: ["model.update=est", "model.est.preset=default", *GRID18],
+    "est-default" + GRID18_SUFFIX: [*EST_DEFAULT, *GRID18],
     MACE: [],
 }
 LABELS = {"est-ffn": "est EquiformerV2 (`update=\"ffn\"`)", "est-default": "est EST default (spherical Transformer only)",

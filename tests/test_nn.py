@@ -152,12 +152,17 @@ def test_factored_attention_is_the_point_attention(heads, encoding, grid):
     assert_forms_agree(st, x, rel=1e-12, rotation=rot)
 
 
-def _sharp_transformer(cap, seed=0, lmax=L):
-    """The default block's transformer (irreps projections, design of degree 16) with q and k weights x8:
-    logits ~64x the initial ones, sharper than any trained model we measured."""
+def _design_transformer(seed=0, lmax=L, **kw):
+    """The default block's transformer (irreps projections, design of degree 16), float64, eval; ``kw``: its options."""
     torch.manual_seed(seed)
-    st = SphericalTransformer(lmax=lmax, channels=C, projections="irreps", mlp_ratio=2, logit_cap=cap,
-                              grid=GridConfig(kind="design", degree=16)).double().eval()
+    return SphericalTransformer(lmax=lmax, channels=C, projections="irreps", mlp_ratio=2,
+                                grid=GridConfig(kind="design", degree=16), **kw).double().eval()
+
+
+def _sharp_transformer(cap, seed=0, lmax=L):
+    """:func:`_design_transformer` with q and k weights x8: logits ~64x the initial ones, sharper than any
+    trained model we measured."""
+    st = _design_transformer(seed, lmax, logit_cap=cap)
     with torch.no_grad():
         st.qkv.weight[:, :2 * C].mul_(8.0)  # [L+1, out, in]: the q and k rows of every degree
     return st
@@ -194,19 +199,12 @@ def test_logit_cap_same_in_point_and_factored_forms():
     assert_forms_agree(st, x, rel=1e-11)
 
 
-def _skip_transformer(skip, seed=0, **kw):
-    """The default block's transformer (design of degree 16, logits < 4), with or without ``value_skip``."""
-    torch.manual_seed(seed)
-    return SphericalTransformer(lmax=L, channels=C, projections="irreps", mlp_ratio=2, value_skip=skip,
-                                grid=GridConfig(kind="design", degree=16), **kw).double().eval()
-
-
 def test_value_skip_adds_each_points_value_to_its_attention_output():
     """With q and k at zero and no orientation encoding the attention is the sphere mean (equal design
     weights), so o(p) = v(p) + mean_t v(t); without the skip o(p) = mean_t v(t), a constant on the sphere."""
     x = torch.randn(3, (L + 1) ** 2, C, dtype=torch.float64)
     for skip in (False, True):
-        st = _skip_transformer(skip, encoding="none", logit_cap=4.0)
+        st = _design_transformer(value_skip=skip, encoding="none", logit_cap=4.0)
         with torch.no_grad():
             st.qkv.weight[:, :2 * C].zero_()  # [L+1, out, in]: the q and k rows of every degree
             st.qkv.bias[:2 * C].zero_()
@@ -221,11 +219,11 @@ def test_value_skip_same_in_point_and_factored_forms_and_equivariant():
     """The skip in both forms (values and second derivatives), and its rotation error on the degree-16
     design: SiLU now acts on the unsmoothed values, as in EquiformerV2's S2 MLP, and aliases like it
     (measured 1.9e-5..4.3e-5 over 3 seeds; 3.4e-8..1.0e-7 without the skip)."""
-    st = _skip_transformer(True, logit_cap=4.0)
+    st = _design_transformer(value_skip=True, logit_cap=4.0)
     x = torch.randn(4, (L + 1) ** 2, C, dtype=torch.float64, requires_grad=True)
     assert_forms_agree(st, x, rel=1e-11)
     for seed in range(3):
-        assert rel_equivariance_error(_skip_transformer(True, seed, logit_cap=4.0)) < 4e-4
+        assert rel_equivariance_error(_design_transformer(seed, value_skip=True, logit_cap=4.0)) < 4e-4
 
 
 def test_factored_attention_is_chosen_where_it_is_cheaper():
