@@ -111,6 +111,20 @@ def _periodic_cases():
     return [slab, tri, wire, unwrapped]
 
 
+def _batched(cases, cutoff, dtype=DT):
+    """Structures as one batch: positions [N, 3], cells [B, 3, 3] (zero for a molecule), pbc [B, 3],
+    batch [N], and ASE's edge set at ``cutoff`` with atom indices offset per structure."""
+    pos, cells, pbcs, ref, off = [], [], [], set(), 0
+    for a in cases:
+        ref |= _ase_set(a, cutoff, off)
+        off += len(a)
+        pos.append(a.positions)
+        cells.append(np.array(a.cell) if a.pbc.any() else np.zeros((3, 3)))
+        pbcs.append(a.pbc)
+    batch = torch.repeat_interleave(torch.arange(len(cases)), torch.tensor([len(a) for a in cases]))
+    return _t(np.concatenate(pos), dtype), _t(np.stack(cells), dtype), torch.tensor(np.stack(pbcs)), batch, ref
+
+
 @pytest.mark.parametrize("case", range(4))
 def test_periodic_matches_ase(case):
     atoms = _periodic_cases()[case]
@@ -123,18 +137,8 @@ def test_periodic_matches_ase(case):
 
 def test_mixed_batch_matches_ase_float32():
     mol = molecule("C6H6")
-    cases = [mol] + _periodic_cases()
-    pos, cells, pbcs, ref, off = [], [], [], set(), 0
-    for a in cases:
-        ref |= _ase_set(a, 4.0, off)
-        off += len(a)
-        pos.append(a.positions)
-        cells.append(np.array(a.cell) if a.pbc.any() else np.zeros((3, 3)))
-        pbcs.append(a.pbc)
-    batch = torch.repeat_interleave(torch.arange(len(cases)), torch.tensor([len(a) for a in cases]))
-    P = _t(np.concatenate(pos), torch.float32)
-    C = _t(np.stack(cells), torch.float32)
-    g = radius_graph(P, 4.0, batch=batch, cell=C, pbc=torch.tensor(np.stack(pbcs)))
+    P, C, pbc, batch, ref = _batched([mol] + _periodic_cases(), 4.0, torch.float32)
+    g = radius_graph(P, 4.0, batch=batch, cell=C, pbc=pbc)
     assert _edge_set(g) == ref
     _check_graph_consistency(g, P, C, batch)
     # pbc inferred from the cell: zero cell = molecule, non-zero rows periodic
@@ -368,17 +372,7 @@ def test_chunked_blocks_and_groups_match(monkeypatch):
     import est.geometry as graph_mod
 
     mol = molecule("C6H6")
-    cases = [mol] + _periodic_cases() + [molecule("CH4")]
-    pos, cells, pbcs, ref, off = [], [], [], set(), 0
-    for a in cases:
-        ref |= _ase_set(a, 4.0, off)
-        off += len(a)
-        pos.append(a.positions)
-        cells.append(np.array(a.cell) if a.pbc.any() else np.zeros((3, 3)))
-        pbcs.append(a.pbc)
-    batch = torch.repeat_interleave(torch.arange(len(cases)), torch.tensor([len(a) for a in cases]))
-    P, C = _t(np.concatenate(pos)), _t(np.stack(cells))
-    pbc = torch.tensor(np.stack(pbcs))
+    P, C, pbc, batch, ref = _batched([mol] + _periodic_cases() + [molecule("CH4")], 4.0)
     full = radius_graph(P, 4.0, batch=batch, cell=C, pbc=pbc, max_neighbors=9)
     monkeypatch.setattr(graph_mod, "_BLOCK_BUDGET", 64)
     g = radius_graph(P, 4.0, batch=batch, cell=C, pbc=pbc)
