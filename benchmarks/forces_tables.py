@@ -10,7 +10,7 @@ import numpy as np
 
 from common import markdown_table, mean_sd, paired, save_figure
 from forces_setup import (CLOCK_WORDS, CLOCKS, CURVE_KEY, FRAME_BLOCK, GRID18_SUFFIX, MACE, MODELS, REFERENCE,
-                          SHOW_BLOCK, TARGET, TARGET_PAIRS, TIME_SUFFIX, Budget, label, mb, reference_of)
+                          SHOW_BLOCK, TARGET, TARGET_PAIRS, TIME_SUFFIX, Budget, is_timed, label, mb, reference_of)
 
 #: said under a table whose rows may have another reference than est-ffn
 REFERENCE_WORDS = (f"rows on the 18 x 18 grid are read against est's EquiformerV2 on that grid "
@@ -149,8 +149,9 @@ def _order(per_model: dict[str, list[dict]]) -> list[str]:
 
 
 def tables(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> dict[str, str]:
-    """``forces-<molecule>`` (test metrics at equal steps, MD, equivariance) and
-    ``forces-<molecule>-time`` (validation force MAE at equal time, the issue's target)."""
+    """``forces-<molecule>`` (test metrics at equal steps, MD, equivariance),
+    ``forces-<molecule>-time`` (validation force MAE at equal time, the issue's target) and, where est's
+    EquiformerV2 has runs, ``forces-overview`` (:func:`overview`) and ``forces-stages`` (:func:`stages`)."""
     out: dict[str, str] = {}
     for molecule, per_model in results.items():
         mace = per_model.get(MACE)
@@ -194,6 +195,8 @@ def tables(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> 
         out[f"forces-{molecule}-time"] = text
     if any(REFERENCE in per_model for per_model in results.values()):
         out["forces-overview"] = overview(results, clock=clock)
+        if stage_rows := stages(results):
+            out["forces-stages"] = stage_rows
     return out
 
 
@@ -263,6 +266,40 @@ def overview(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -
         "\n\nForce MAE / est's EquiformerV2's (`update=\"ffn\"`), mean over paired seeds (how many seeds below 1): "
         f"test set at equal steps; validation curves at equal time ({CLOCK_WORDS[clock]})"
         + _reference_note(models) + ".")
+
+
+#: optimisation steps at which :func:`stages` reads the learning curves (the full budget is 1,500)
+STAGE_STEPS = (250, 500, 1000, 1500)
+
+
+def stages(results: dict[str, dict[str, list[dict]]], steps: tuple[int, ...] = STAGE_STEPS) -> str:
+    r"""How each model's lead or lag on its reference moves through training, on the validation curves at equal
+    steps: per molecule and model the mean over paired seeds of :math:`F_{model,s}(k) / F_{ref,s}(k)`, the
+    validation force MAE ratio at step k, for each k of ``steps`` that both curves evaluated (empty cell: none).
+    Left out: the references, MACE (its own loop and curve) and ``@time`` runs (another schedule, so step k is
+    another point of it). Empty string: no row."""
+    rows = []
+    for molecule, per_model in results.items():
+        for model in _order(per_model):
+            if model in (MACE, reference_of(model)) or is_timed(model) or reference_of(model) not in per_model:
+                continue
+            ref = {r["seed"]: _by_step(r["curve"]) for r in per_model[reference_of(model)]}
+            own = [(_by_step(r["curve"]), ref[r["seed"]]) for r in per_model[model] if r["seed"] in ref]
+            row = {"molecule": molecule, "model": label(model)}
+            for k in steps:
+                row[f"step {k}"] = _mean_of_ratios([a[k] / b[k] for a, b in own if k in a and k in b])
+            rows.append(row)
+    if not rows:
+        return ""
+    return markdown_table(rows, list(rows[0])) + (
+        "\n\nValidation force MAE / the reference's (est's EquiformerV2 on the same grid) at the same optimisation "
+        "step, mean over paired seeds (how many seeds below 1): where in its schedule a model gains or loses its lead "
+        "(every run read here has the same warm-up and cosine schedule to the budget's last step).")
+
+
+def _by_step(curve: list[dict]) -> dict[int, float]:
+    """A learning curve's validation force MAE by optimisation step."""
+    return {int(p["step"]): float(p[CURVE_KEY]) for p in curve}
 
 
 def plot_curves(results: dict[str, dict[str, list[dict]]], plots: Path, *, clock: str = "cpu") -> list[Path]:

@@ -22,7 +22,8 @@ gives the blocks ``expressivity-rotsym``, ``-kchain`` and ``-counterexample`` (w
 ``expressivity_separation.json``: ``-rotsym-separation``, ``-kchain-separation``,
 ``-counterexample-separation``), ``expressivity_lr1e-3.json`` (``--lr 1e-3 --tasks
 counterexample``) the block ``expressivity-lr1e-3-counterexample``; ``forces.json``
-(``study_forces.py``) the blocks ``forces-<molecule>`` and ``forces-<molecule>-time``;
+(``study_forces.py``) the blocks ``forces-<molecule>``, ``forces-<molecule>-time``, ``forces-overview``
+and ``forces-stages``;
 ``torch_sim.json`` (``bench_torch_sim.py``) the block ``torch-sim``; ``cpu_malloc.json``
 (``bench_cpu_malloc.py``) the block ``cpu-malloc``; ``update_cost.json`` (``bench_update_cost.py``) the
 block ``update-cost``; ``cap_saturation.json`` (``bench_cap_saturation.py``) the block ``cap-saturation``;

@@ -91,7 +91,7 @@ def test_tables_render_ratios_target_and_missing_models(ft):
         "mace": [record("mace", s, 5.0, curve(4.0, [12.0, 6.0, 5.0])) for s in (0, 1)],
     }}
     t = ft.tables(runs)
-    assert set(t) == {"forces-ethanol", "forces-ethanol-time", "forces-overview"}
+    assert set(t) == {"forces-ethanol", "forces-ethanol-time", "forces-overview", "forces-stages"}
     steps = t["forces-ethanol"].splitlines()
     assert steps[0].startswith("| model | params | seeds | energy (meV/atom) | forces (meV/A)")
     default = next(x for x in steps if "EST default" in x)
@@ -159,6 +159,27 @@ def test_overview_has_two_ratio_columns_per_molecule_with_a_reference(ft):
     assert mace == "| MACE (L=2, 64 ch) | 0.50 (1/1 lower) | 0.90 (1/1 lower) |  |  |"
     assert not any("EquiformerV2 (`update" in x for x in lines[2:])  # the reference has no row of its own
     assert "forces-overview" not in ft.tables({"aspirin": runs["aspirin"]})
+
+
+def test_stages_read_each_models_ratio_at_the_same_step_and_leave_out_mace_and_time_runs(ft):
+    ref = [record("est-ffn", s, 10.0, curve(2.0, [30.0, 20.0, 10.0])) for s in (0, 1)]
+    runs = {"ethanol": {
+        "est-ffn": ref,
+        # seed 0 ahead early, behind at the end; seed 1 without a reference run: not read
+        "est-skip": [record("est-skip", 0, 8.0, curve(1.0, [15.0, 20.0, 12.0])),
+                     record("est-skip", 2, 8.0, curve(1.0, [1.0, 1.0, 1.0]))],
+        "est-default@time": [record("est-default@time", 0, 8.0, curve(1.0, [20.0, 10.0, 8.0]))],
+        "mace": [record("mace", 0, 5.0, curve(4.0, [12.0, 6.0, 5.0]))],
+    }, "aspirin": {"est-default": [record("est-default", 0, 30.0, curve(1.0, [20.0, 10.0, 8.0]))]}}  # no reference
+    text = ft.stages(runs, steps=(10, 20, 30, 40))
+    lines = text.splitlines()
+    assert lines[0] == "| molecule | model | step 10 | step 20 | step 30 | step 40 |"
+    # est-skip seed 0 against est-ffn seed 0 (30, 20, 10 meV/A at steps 10-30; no step 40): one row, no MACE,
+    # no @time run, no aspirin (no reference there)
+    assert [x for x in lines[2:] if x.startswith("|")] == [
+        "| ethanol | est EST default, each point's value added to its attention output | "
+        "0.50 (1/1 lower) | 1.00 (0/1 lower) | 1.20 (0/1 lower) |  |"]
+    assert ft.stages({"aspirin": runs["aspirin"]}) == ""
 
 
 def test_fresh_root_takes_the_recorded_step_costs_without_timing(fs, fc, sf, monkeypatch, tmp_path):
