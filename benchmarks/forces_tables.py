@@ -278,11 +278,12 @@ def stages(results: dict[str, dict[str, list[dict]]], steps: tuple[int, ...] = S
     validation force MAE ratio at step k, for each k of ``steps`` that both curves evaluated (empty cell: none).
     Left out: the references, MACE (its own loop and curve) and ``@time`` runs (another schedule, so step k is
     another point of it). Empty string: no row."""
-    rows = []
+    rows, read = [], set()
     for molecule, per_model in results.items():
         for model in _order(per_model):
             if model in (MACE, reference_of(model)) or is_timed(model) or reference_of(model) not in per_model:
                 continue
+            read.add(model)
             ref = {r["seed"]: _by_step(r["curve"]) for r in per_model[reference_of(model)]}
             own = [(_by_step(r["curve"]), ref[r["seed"]]) for r in per_model[model] if r["seed"] in ref]
             row = {"molecule": molecule, "model": label(model)}
@@ -292,9 +293,9 @@ def stages(results: dict[str, dict[str, list[dict]]], steps: tuple[int, ...] = S
     if not rows:
         return ""
     return markdown_table(rows, list(rows[0])) + (
-        "\n\nValidation force MAE / the reference's (est's EquiformerV2 on the same grid) at the same optimisation "
-        "step, mean over paired seeds (how many seeds below 1): where in its schedule a model gains or loses its lead "
-        "(every run read here has the same warm-up and cosine schedule to the budget's last step).")
+        "\n\nValidation force MAE / est's EquiformerV2's (`update=\"ffn\"`) at the same optimisation step, mean over "
+        "paired seeds (how many seeds below 1): where in its schedule a model gains or loses its lead (every run read "
+        "here has the same warm-up and cosine schedule to the budget's last step)" + _reference_note(read) + ".")
 
 
 def _by_step(curve: list[dict]) -> dict[int, float]:
