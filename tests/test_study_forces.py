@@ -165,7 +165,7 @@ def test_stages_read_each_models_ratio_at_the_same_step_and_leave_out_mace_and_t
     ref = [record("est-ffn", s, 10.0, curve(2.0, [30.0, 20.0, 10.0])) for s in (0, 1)]
     runs = {"ethanol": {
         "est-ffn": ref,
-        # seed 0 ahead early, behind at the end; seed 1 without a reference run: not read
+        # seed 0 ahead early, behind at the end; seed 2 without a reference run: not read
         "est-skip": [record("est-skip", 0, 8.0, curve(1.0, [15.0, 20.0, 12.0])),
                      record("est-skip", 2, 8.0, curve(1.0, [1.0, 1.0, 1.0]))],
         "est-default@time": [record("est-default@time", 0, 8.0, curve(1.0, [20.0, 10.0, 8.0]))],
