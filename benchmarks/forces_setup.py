@@ -29,6 +29,8 @@ HALF = ["model.channels=16", "model.attn_hidden_channels=16", "model.ffn_hidden_
 #: EquiformerV2 a rotation error of 6e-4 to 5.6e-3 on these molecules, 18 x 18 about 1e-6 (bench_trained_grid.py)
 GRID18_SUFFIX = "-g18"
 GRID18 = ["model.grid_resolution=[18,18]"]
+GATE_SUFFIX = "-gm"
+GATE_MESSAGES = ["model.message_activation=gate"]
 MACE = "mace"
 #: the EST default block's overrides
 EST_DEFAULT = ["model.update=est", "model.est.preset=default"]
@@ -55,6 +57,11 @@ MODELS: dict[str, list[str]] = {
     # est-skip on a degree-12 design (86 points, fewer than the 10 x 9 grid's 90 that EquiformerV2's FFN samples):
     # the attention's S^2 work at ~1/3 of the default's
     "est-skip-t12": [*EST_SKIP, "model.est.grid.degree=12"],
+    # est-skip-t12 with gate activations in the message block (model.message_activation=gate): no per-edge S2 grid,
+    # which takes most of the step; EquiformerV2's ablations lose accuracy with it, does the EST block make up for
+    # it? est-ffn-gm is the control: EquiformerV2 with the same messages
+    "est-skip-t12" + GATE_SUFFIX: [*EST_SKIP, "model.est.grid.degree=12", *GATE_MESSAGES],
+    "est-ffn" + GATE_SUFFIX: ["model.update=ffn", *GATE_MESSAGES],
     # EquiformerV2 and the EST default both on the 18 x 18 grid: the comparison at equal (trained) equivariance,
     # where EquiformerV2 pays for its finer sampling in the FFN and the EST block does not
     "est-ffn" + GRID18_SUFFIX: ["model.update=ffn", *GRID18],
@@ -69,12 +76,15 @@ LABELS = {"est-ffn": "est EquiformerV2 (`update=\"ffn\"`)", "est-default": "est 
           "est-cap8": "est EST default, logits bounded by 8 (not 4)",
           "est-skip": "est EST default, each point's value added to its attention output",
           "est-skip-t12": "est EST default with the value skip, on a degree-12 design (S = 86)",
+          "est-skip-t12" + GATE_SUFFIX: "est EST default with the value skip, degree-12 design, gate messages",
+          "est-ffn" + GATE_SUFFIX: "est EquiformerV2 with gate messages",
           "est-ffn" + GRID18_SUFFIX: "est EquiformerV2 on the 18 x 18 grid",
           "est-default" + GRID18_SUFFIX: "est EST default on the 18 x 18 grid",
           MACE: "MACE (L=2, 64 ch)"}
 #: models run only when named (--models): the default without its logit bound, on a coarser design, with a looser
 #: bound, with the value skip (on two designs); EquiformerV2 and the default on the 18 x 18 grid
 ABLATIONS = ("est-uncapped", "est-half-uncapped", "est-t14", "est-cap8", "est-skip", "est-skip-t12",
+             "est-skip-t12" + GATE_SUFFIX, "est-ffn" + GATE_SUFFIX,
              "est-ffn" + GRID18_SUFFIX, "est-default" + GRID18_SUFFIX)
 REFERENCE = "est-ffn"
 #: ``<model>@time``: ``<model>`` trained for as many steps as fit in est-ffn's time (its 1,500 steps x its step

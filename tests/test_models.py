@@ -82,6 +82,16 @@ SKIP_TOL = {
     "gradient": (7e-12, 1.5e-9),  # measured 6.7e-13, 1.4e-10
 }
 
+#: gate activations in the message block (``message_activation="gate"``: no per-edge S2 grid): model -> force mode ->
+#: (energy, forces); measured as above. The EST default then samples nothing but its design, and at initialisation
+#: is equivariant to round-off; EquiformerV2's FFN still samples its 10 x 9 grid
+GATE_TOL = {
+    "est-tiny": {"direct": (2e-14, 1.2e-13),  # measured 1.9e-15, 1.2e-14
+                 "gradient": (2e-14, 1e-13)},  # measured 1.9e-15, 9.2e-15
+    "eqv2-tiny": {"direct": (9e-7, 1.5e-4),  # measured 8.8e-8, 1.5e-5
+                  "gradient": (9e-7, 6e-5)},  # measured 8.8e-8, 6.1e-6
+}
+
 
 def rotation_errors(model, b, rotations):
     """Max relative energy and force rotation errors of ``model`` on batch ``b`` (float64)."""
@@ -111,6 +121,19 @@ def test_value_skip_model_equivariant(forces, tol):
     assert model.backbone.update_blocks[0].spherical.config.value_skip
     R = random_rotation(3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     err_e, err_f = rotation_errors(model, batch_of(molecule(7, 0), molecule(5, 1)), R)
+    assert err_e < tol[0] and err_f < tol[1], (err_e, err_f)
+
+
+@pytest.mark.parametrize("name, forces", [(n, f) for n in GATE_TOL for f in GATE_TOL[n]])
+def test_gate_message_model_equivariant(name, forces):
+    """Gate activations in the message block (``message_activation="gate"``) (float64)."""
+    from est.nn.activations import GateActivation
+
+    model = tiny(name, grid=None, regress_forces=forces, envelope="polynomial", message_activation="gate")
+    assert all(isinstance(b.attention.act, GateActivation) for b in model.backbone.attention_blocks)
+    R = random_rotation(3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    err_e, err_f = rotation_errors(model, batch_of(molecule(7, 0), molecule(5, 1)), R)
+    tol = GATE_TOL[name][forces]
     assert err_e < tol[0] and err_f < tol[1], (err_e, err_f)
 
 
@@ -327,6 +350,8 @@ def test_bad_config_keys():
         build_model("nope")
     with pytest.raises(ValueError, match="update"):
         build_model("est-tiny", update="moe")
+    with pytest.raises(ValueError, match="message_activation"):
+        build_model("est-tiny", message_activation="relu")
     assert "equiformer_v2-s2ef-2m" in MODEL_CONFIGS
 
 
@@ -378,6 +403,15 @@ if __name__ == "__main__":  # the measured levels behind ROTATION_TOL
                 worst = [max(w, e) for w, e in zip(worst, rotation_errors(model, mols, rots))]
             print(f"est-tiny {label} {forces}: energy {worst[0]:.1e} forces {worst[1]:.1e} "
                   f"(tolerance {tol[0]:.0e}, {tol[1]:.0e})")
+    for name, tols in GATE_TOL.items():
+        for forces, tol in tols.items():
+            worst = [0.0, 0.0]
+            for seed in range(3):
+                torch.manual_seed(seed)
+                model = tiny(name, grid=None, regress_forces=forces, envelope="polynomial", message_activation="gate")
+                worst = [max(w, e) for w, e in zip(worst, rotation_errors(model, mols, rots))]
+            print(f"{name} gate messages {forces}: energy {worst[0]:.1e} forces {worst[1]:.1e} "
+                  f"(tolerance {tol[0]:.1e}, {tol[1]:.1e})")
 
 
 @pytest.mark.parametrize("name", ["eqv2-tiny", "est-tiny", "est-paper-tiny"])

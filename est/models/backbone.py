@@ -44,6 +44,7 @@ def attention_config(cfg: ModelConfig, *, output_channels: int | None = None) ->
         num_elements=cfg.max_num_elements,
         use_atom_edge_embedding=cfg.use_atom_edge_embedding,
         alpha_drop=cfg.alpha_drop,
+        use_gate_act=cfg.message_activation == "gate",
         grid_kind="equiangular",
         grid_resolution=cfg.grid_resolution,
     )

@@ -13,6 +13,7 @@ __all__ = ["ModelConfig", "ESTOptions", "GridOptions", "UPDATES", "FORCE_MODES",
 
 UPDATES = ("ffn", "est", "spherical")
 FORCE_MODES = ("direct", "gradient", None)
+MESSAGE_ACTIVATIONS = ("s2", "gate")
 
 
 @dataclass(kw_only=True)
@@ -150,6 +151,11 @@ class ModelConfig:
     grids ``est.grid`` / ``est.steerable_grid``, experts, heads, encoding.
     avg_num_nodes / avg_degree: dataset statistics (OC20: 77.81 / 23.39);
     set them from your data (``est.data`` computes them).
+    message_activation: the nonlinearity between the message block's two SO(2)
+    convolutions: ``"s2"`` (EquiformerV2's separable S2 activation, sampled on a
+    ``grid_resolution`` grid for every edge) or
+    ``"gate"`` (SiLU on l = 0, sigmoid gates on l > 0: no grid, exact equivariance;
+    fairchem's ``use_gate_act``, but for the message block only).
     regress_forces: ``"direct"`` (EquiformerV2's force head), ``"gradient"``
     (``-dE/dx``, energy conserving; use ``envelope="polynomial"``), or ``None``.
     regress_stress: stress ``(1/V) dE/d strain`` for periodic cells (needs gradient forces).
@@ -171,6 +177,10 @@ class ModelConfig:
     use_atom_edge_embedding: bool = True
     norm: str = "layer_norm_sh"
     grid_resolution: tuple[int, int] = (18, 18)
+    # the message block's activation: "s2" (EquiformerV2's separable S2 activation, sampled on the
+    # grid_resolution grid per edge) or "gate" (scalar gates on l > 0: no grid, exactly equivariant;
+    # fairchem's use_gate_act, here for the message block only: update="ffn" keeps its grid MLP)
+    message_activation: str = "s2"
     # graph
     cutoff: float = 12.0
     max_neighbors: int | None = 20
@@ -220,6 +230,9 @@ class ModelConfig:
             )
         if not self.cutoff > 0:
             raise ValueError(f"ModelConfig.cutoff must be > 0 (Angstrom), got {self.cutoff!r}")
+        if self.message_activation not in MESSAGE_ACTIVATIONS:
+            raise ValueError(f"ModelConfig.message_activation must be one of {MESSAGE_ACTIVATIONS}, "
+                             f"got {self.message_activation!r}")
         if self.update not in UPDATES:
             raise ValueError(f"ModelConfig.update must be one of {UPDATES}, got {self.update!r}")
         if self.regress_forces not in FORCE_MODES:
