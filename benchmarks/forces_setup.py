@@ -57,8 +57,8 @@ MODELS: dict[str, list[str]] = {
     # est-skip on a degree-12 design (86 points, fewer than the 10 x 9 grid's 90 that EquiformerV2's FFN samples):
     # the attention's S^2 work at ~1/3 of the default's
     "est-skip-t12": [*EST_SKIP, "model.est.grid.degree=12"],
-    # est-skip-t12 with gate activations in the message block (model.message_activation=gate): no per-edge S2 grid,
-    # which takes most of the step; EquiformerV2's ablations lose accuracy with it, does the EST block make up for
+    # est-skip-t12 with gate activations in the message block (model.message_activation=gate): no per-edge S2 grid
+    # (0.80x the study's step); EquiformerV2's ablations lose accuracy with gates, does the EST block make up for
     # it? est-ffn-gm is the control: EquiformerV2 with the same messages
     "est-skip-t12" + GATE_SUFFIX: [*EST_SKIP, "model.est.grid.degree=12", *GATE_MESSAGES],
     "est-ffn" + GATE_SUFFIX: ["model.update=ffn", *GATE_MESSAGES],
@@ -82,7 +82,8 @@ LABELS = {"est-ffn": "est EquiformerV2 (`update=\"ffn\"`)", "est-default": "est 
           "est-default" + GRID18_SUFFIX: "est EST default on the 18 x 18 grid",
           MACE: "MACE (L=2, 64 ch)"}
 #: models run only when named (--models): the default without its logit bound, on a coarser design, with a looser
-#: bound, with the value skip (on two designs); EquiformerV2 and the default on the 18 x 18 grid
+#: bound, with the value skip (on two designs, the degree-12 one also with gate messages, and EquiformerV2 with them);
+#: EquiformerV2 and the default on the 18 x 18 grid
 ABLATIONS = ("est-uncapped", "est-half-uncapped", "est-t14", "est-cap8", "est-skip", "est-skip-t12",
              "est-skip-t12" + GATE_SUFFIX, "est-ffn" + GATE_SUFFIX,
              "est-ffn" + GRID18_SUFFIX, "est-default" + GRID18_SUFFIX)
