@@ -15,6 +15,7 @@ import torch
 from torch_geometric.data import Batch, Data
 
 from est.models import MODEL_CONFIGS, build_model, model_config
+from est.nn.activations import GateActivation
 from est.so3 import random_rotation
 from est.testing import default_dtype
 
@@ -93,6 +94,31 @@ GATE_TOL = {
 }
 
 
+def _spherical(model):
+    """The first update block's spherical Transformer config."""
+    return model.backbone.update_blocks[0].spherical.config
+
+
+def _gated(model):
+    return all(isinstance(b.attention.act, GateActivation) for b in model.backbone.attention_blocks)
+
+
+#: variants of a tiny model on its spherical designs: label -> (model, build keywords, force mode -> tolerances,
+#: what the variant must have built)
+VARIANTS = {
+    "est-tiny uncapped": ("est-tiny", {"est": {"logit_cap": 0}}, UNCAPPED_TOL, lambda m: _spherical(m).logit_cap is None),
+    "est-tiny value_skip": ("est-tiny", {"est": {"value_skip": True}}, SKIP_TOL, lambda m: _spherical(m).value_skip),
+    "est-tiny gate messages": ("est-tiny", {"message_activation": "gate"}, GATE_TOL["est-tiny"], _gated),
+    "eqv2-tiny gate messages": ("eqv2-tiny", {"message_activation": "gate"}, GATE_TOL["eqv2-tiny"], _gated),
+}
+
+
+def variant(label, forces):
+    """A float64 eval model of ``VARIANTS[label]`` with ``forces`` ("direct" or "gradient")."""
+    name, kw, _, _ = VARIANTS[label]
+    return tiny(name, grid=None, regress_forces=forces, envelope="polynomial", **kw)
+
+
 def rotation_errors(model, b, rotations):
     """Max relative energy and force rotation errors of ``model`` on batch ``b`` (float64)."""
     out = {k: v.detach() for k, v in model(b).items()}
@@ -104,36 +130,15 @@ def rotation_errors(model, b, rotations):
     return err_e, err_f
 
 
-@pytest.mark.parametrize("forces, tol", list(UNCAPPED_TOL.items()))
-def test_uncapped_model_equivariant(forces, tol):
-    """The default preset without its logit cap (``model.est.logit_cap=0``; the default before v2) (float64)."""
-    model = tiny("est-tiny", grid=None, regress_forces=forces, envelope="polynomial", est={"logit_cap": 0})
-    assert model.backbone.update_blocks[0].spherical.config.logit_cap is None
+@pytest.mark.parametrize("label, forces", [(v, f) for v in VARIANTS for f in VARIANTS[v][2]])
+def test_variant_model_equivariant(label, forces):
+    """The variants of ``VARIANTS`` (the default without its logit cap, with the value skip; EST and EquiformerV2
+    with gate activations in the message block) rotate to their measured levels (float64)."""
+    model = variant(label, forces)
+    assert VARIANTS[label][3](model)
     R = random_rotation(3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     err_e, err_f = rotation_errors(model, batch_of(molecule(7, 0), molecule(5, 1)), R)
-    assert err_e < tol[0] and err_f < tol[1], (err_e, err_f)
-
-
-@pytest.mark.parametrize("forces, tol", list(SKIP_TOL.items()))
-def test_value_skip_model_equivariant(forces, tol):
-    """The default preset with each point's value added to its attention output (float64)."""
-    model = tiny("est-tiny", grid=None, regress_forces=forces, envelope="polynomial", est={"value_skip": True})
-    assert model.backbone.update_blocks[0].spherical.config.value_skip
-    R = random_rotation(3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    err_e, err_f = rotation_errors(model, batch_of(molecule(7, 0), molecule(5, 1)), R)
-    assert err_e < tol[0] and err_f < tol[1], (err_e, err_f)
-
-
-@pytest.mark.parametrize("name, forces", [(n, f) for n in GATE_TOL for f in GATE_TOL[n]])
-def test_gate_message_model_equivariant(name, forces):
-    """Gate activations in the message block (``message_activation="gate"``) (float64)."""
-    from est.nn.activations import GateActivation
-
-    model = tiny(name, grid=None, regress_forces=forces, envelope="polynomial", message_activation="gate")
-    assert all(isinstance(b.attention.act, GateActivation) for b in model.backbone.attention_blocks)
-    R = random_rotation(3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    err_e, err_f = rotation_errors(model, batch_of(molecule(7, 0), molecule(5, 1)), R)
-    tol = GATE_TOL[name][forces]
+    tol = VARIANTS[label][2][forces]
     assert err_e < tol[0] and err_f < tol[1], (err_e, err_f)
 
 
@@ -394,23 +399,13 @@ if __name__ == "__main__":  # the measured levels behind ROTATION_TOL
                 errs = rotation_errors(tiny(name, grid=grid, regress_forces=forces, envelope="polynomial"), mols, rots)
                 worst = [max(w, e) for w, e in zip(worst, errs)]
         print(f"{name:15s} grid={grid}: energy {worst[0]:.1e} forces {worst[1]:.1e} (tolerance {tol[0]:.0e}, {tol[1]:.0e})")
-    for label, est, tols in (("uncapped", {"logit_cap": 0}, UNCAPPED_TOL), ("value_skip", {"value_skip": True}, SKIP_TOL)):
+    for label, (_, _, tols, _) in VARIANTS.items():
         for forces, tol in tols.items():
             worst = [0.0, 0.0]
             for seed in range(3):
                 torch.manual_seed(seed)
-                model = tiny("est-tiny", grid=None, regress_forces=forces, envelope="polynomial", est=est)
-                worst = [max(w, e) for w, e in zip(worst, rotation_errors(model, mols, rots))]
-            print(f"est-tiny {label} {forces}: energy {worst[0]:.1e} forces {worst[1]:.1e} "
-                  f"(tolerance {tol[0]:.0e}, {tol[1]:.0e})")
-    for name, tols in GATE_TOL.items():
-        for forces, tol in tols.items():
-            worst = [0.0, 0.0]
-            for seed in range(3):
-                torch.manual_seed(seed)
-                model = tiny(name, grid=None, regress_forces=forces, envelope="polynomial", message_activation="gate")
-                worst = [max(w, e) for w, e in zip(worst, rotation_errors(model, mols, rots))]
-            print(f"{name} gate messages {forces}: energy {worst[0]:.1e} forces {worst[1]:.1e} "
+                worst = [max(w, e) for w, e in zip(worst, rotation_errors(variant(label, forces), mols, rots))]
+            print(f"{label} {forces}: energy {worst[0]:.1e} forces {worst[1]:.1e} "
                   f"(tolerance {tol[0]:.1e}, {tol[1]:.1e})")
 
 
