@@ -31,6 +31,11 @@ GRID18_SUFFIX = "-g18"
 GRID18 = ["model.grid_resolution=[18,18]"]
 GATE_SUFFIX = "-gm"
 GATE_MESSAGES = ["model.message_activation=gate"]
+#: the recipe's learning rate (peak of the cosine schedule), and the study's one variant of it: twice the recipe,
+#: for est's EquiformerV2 and two EST models (does the recipe's rate, EquiformerV2's OC20 one, hide a gap?)
+RECIPE_LR = "5e-4"
+LR_SUFFIX = "-lr1e-3"
+LEARNING_RATES = {m + LR_SUFFIX: "1e-3" for m in ("est-ffn", "est-default", "est-skip-t12")}
 MACE = "mace"
 #: the EST default block's overrides
 EST_DEFAULT = ["model.update=est", "model.est.preset=default"]
@@ -66,6 +71,10 @@ MODELS: dict[str, list[str]] = {
     # where EquiformerV2 pays for its finer sampling in the FFN and the EST block does not
     "est-ffn" + GRID18_SUFFIX: ["model.update=ffn", *GRID18],
     "est-default" + GRID18_SUFFIX: [*EST_DEFAULT, *GRID18],
+    # est-ffn, the EST default and est-skip-t12 at learning rate 1e-3 (LEARNING_RATES; the model is unchanged)
+    "est-ffn" + LR_SUFFIX: ["model.update=ffn"],
+    "est-default" + LR_SUFFIX: [*EST_DEFAULT],
+    "est-skip-t12" + LR_SUFFIX: [*EST_SKIP, "model.est.grid.degree=12"],
     MACE: [],
 }
 LABELS = {"est-ffn": "est EquiformerV2 (`update=\"ffn\"`)", "est-default": "est EST default (spherical Transformer only)",
@@ -80,13 +89,16 @@ LABELS = {"est-ffn": "est EquiformerV2 (`update=\"ffn\"`)", "est-default": "est 
           "est-ffn" + GATE_SUFFIX: "est EquiformerV2 with gate messages",
           "est-ffn" + GRID18_SUFFIX: "est EquiformerV2 on the 18 x 18 grid",
           "est-default" + GRID18_SUFFIX: "est EST default on the 18 x 18 grid",
+          "est-ffn" + LR_SUFFIX: "est EquiformerV2 at learning rate 1e-3",
+          "est-default" + LR_SUFFIX: "est EST default at learning rate 1e-3",
+          "est-skip-t12" + LR_SUFFIX: "est EST default with the value skip, degree-12 design, learning rate 1e-3",
           MACE: "MACE (L=2, 64 ch)"}
 #: models run only when named (--models): the default without its logit bound, on a coarser design, with a looser
 #: bound, with the value skip (on two designs, the degree-12 one also with gate messages, and EquiformerV2 with them);
-#: EquiformerV2 and the default on the 18 x 18 grid
+#: EquiformerV2 and the default on the 18 x 18 grid; three models at twice the recipe's learning rate
 ABLATIONS = ("est-uncapped", "est-half-uncapped", "est-t14", "est-cap8", "est-skip", "est-skip-t12",
              "est-skip-t12" + GATE_SUFFIX, "est-ffn" + GATE_SUFFIX,
-             "est-ffn" + GRID18_SUFFIX, "est-default" + GRID18_SUFFIX)
+             "est-ffn" + GRID18_SUFFIX, "est-default" + GRID18_SUFFIX, *LEARNING_RATES)
 REFERENCE = "est-ffn"
 #: ``<model>@time``: ``<model>`` trained for as many steps as fit in est-ffn's time (its 1,500 steps x its step
 #: cost), its schedule ending there (:func:`time_budget`): the equal-time reading on the test set
@@ -102,7 +114,10 @@ TARGET = ("est-default", 0.90)
 TARGET_PAIRS = ((TARGET[0], REFERENCE, "Target (issue 17)"),
                 (TARGET[0] + GRID18_SUFFIX, REFERENCE + GRID18_SUFFIX, "The same bound, both on the 18 x 18 grid"),
                 ("est-skip", REFERENCE, "The same bound, the default with the value skip"),
-                ("est-skip-t12", REFERENCE, "The same bound, the value skip on a degree-12 design"))
+                ("est-skip-t12", REFERENCE, "The same bound, the value skip on a degree-12 design"),
+                (TARGET[0] + LR_SUFFIX, REFERENCE + LR_SUFFIX, "The same bound, both at learning rate 1e-3"),
+                ("est-skip-t12" + LR_SUFFIX, REFERENCE + LR_SUFFIX,
+                 "The same bound, the value skip on a degree-12 design, both at learning rate 1e-3"))
 #: --clock -> the curve key holding that clock's seconds ("step-cost": steps x the model's interleaved step cost)
 CLOCKS = {"step-cost": "cost_seconds", "cpu": "cpu_seconds", "wall": "seconds"}
 CLOCK_WORDS = {"step-cost": "steps x each model's step time on one thread, the est models timed round-robin, "
@@ -160,16 +175,23 @@ def base_model(model: str) -> str:
 
 
 #: models whose training step is another model's computation (the same operations on the same shapes, only a
-#: constant differs: est-cap8's c = 8 in c tanh(sigma / c) / sigma): they take that model's calibrated step cost
-SAME_STEP_AS = {"est-cap8": "est-default"}
+#: constant differs: est-cap8's c = 8 in c tanh(sigma / c) / sigma, the learning rate of the -lr1e-3 models):
+#: they take that model's calibrated step cost
+SAME_STEP_AS = {"est-cap8": "est-default", **{m: m.removesuffix(LR_SUFFIX) for m in LEARNING_RATES}}
+#: suffixes of variants read against est's EquiformerV2 with the same suffix (the same grid, the same learning rate)
+OWN_REFERENCE_SUFFIXES = (GRID18_SUFFIX, LR_SUFFIX)
 
 
 def reference_of(model: str) -> str:
     """The est EquiformerV2 a model is compared with (its ratios, its equal time, its ``@time`` budget): the one
-    on the same grid; est-ffn-g18's is est-ffn (what the finer grid does to EquiformerV2); est-ffn's is itself."""
+    on the same grid and at the same learning rate; est-ffn-g18's and est-ffn-lr1e-3's is est-ffn (what the finer
+    grid, the faster rate does to EquiformerV2); est-ffn's is itself."""
     base = base_model(model)
-    fine = REFERENCE + GRID18_SUFFIX
-    return fine if base.endswith(GRID18_SUFFIX) and base != fine else REFERENCE
+    for suffix in OWN_REFERENCE_SUFFIXES:
+        own = REFERENCE + suffix
+        if base.endswith(suffix) and base != own:
+            return own
+    return REFERENCE
 
 
 def cost_model(model: str) -> str:
@@ -274,7 +296,7 @@ def est_overrides(model: str, data_dir: Path, molecule: str, seed: int, rd: Path
             f"data.test_path={d / 'test'}", f"data.batch_size={budget.batch_size}", "data.eval_batch_size=32",
             "data.num_workers=0", f"trainer.max_steps={steps}", "trainer.max_epochs=100000",
             f"trainer.warmup_steps={max(1, steps // 30)}", f"trainer.eval_every={budget.eval_every}",
-            "trainer.lr=5e-4", "trainer.ema_decay=0.99", "trainer.energy_coefficient=2.0", "trainer.force_coefficient=100.0",
+            f"trainer.lr={LEARNING_RATES.get(base_model(model), RECIPE_LR)}", "trainer.ema_decay=0.99", "trainer.energy_coefficient=2.0", "trainer.force_coefficient=100.0",
             "trainer.monitor=forces_mae", "trainer.final_splits=[]", f"trainer.log_every={budget.eval_every}",
             "trainer.resume=auto", "trainer.progress=false", "trainer.tensorboard=false", "trainer.plots=false",
             f"seed={seed}", f"run_dir={rd}", f"name=forces-{molecule}-{model}"]

@@ -9,12 +9,11 @@ from pathlib import Path
 import numpy as np
 
 from common import markdown_table, mean_sd, paired, save_figure
-from forces_setup import (CLOCK_WORDS, CLOCKS, CURVE_KEY, FRAME_BLOCK, GRID18_SUFFIX, MACE, MODELS, REFERENCE,
-                          SHOW_BLOCK, TARGET, TARGET_PAIRS, TIME_SUFFIX, Budget, is_timed, label, mb, reference_of)
+from forces_setup import (CLOCK_WORDS, CLOCKS, CURVE_KEY, FRAME_BLOCK, GRID18_SUFFIX, LR_SUFFIX, MACE, MODELS,
+                          REFERENCE, SHOW_BLOCK, TARGET, TARGET_PAIRS, TIME_SUFFIX, Budget, is_timed, label, mb, reference_of)
 
-#: said under a table whose rows may have another reference than est-ffn
-REFERENCE_WORDS = (f"rows on the 18 x 18 grid are read against est's EquiformerV2 on that grid "
-                   f"(`{REFERENCE}{GRID18_SUFFIX}` itself against `{REFERENCE}`)")
+#: said under a table whose rows may have another reference than est-ffn: that reference's suffix -> its rows
+REFERENCE_WORDS = {GRID18_SUFFIX: "on the 18 x 18 grid", LR_SUFFIX: "at learning rate 1e-3"}
 
 
 def curve_end(curve: list[dict], clock: str) -> float:
@@ -130,9 +129,11 @@ def frames_table(per_model: dict[str, list[dict]]) -> str:
 
 
 def _reference_note(models) -> str:
-    """``"; rows on the 18 x 18 grid ..."`` when one of ``models`` (names, or a dict keyed by them) has another
-    reference than est-ffn."""
-    return f"; {REFERENCE_WORDS}" if any(reference_of(m) != REFERENCE for m in models) else ""
+    """``"; rows on the 18 x 18 grid ..."`` for each reference other than est-ffn that one of ``models`` (names,
+    or a dict keyed by them) has."""
+    refs = {r: REFERENCE_WORDS[r.removeprefix(REFERENCE)] for r in map(reference_of, models) if r != REFERENCE}
+    return "".join(f"; rows {words} are read against est's EquiformerV2 {words} (`{r}` itself against `{REFERENCE}`)"
+                   for r, words in refs.items())
 
 
 def _verdict(ratios: list[float], bound: float) -> str:

@@ -264,6 +264,37 @@ def test_the_18x18_pair_is_read_against_est_ffn_on_the_same_grid(fs, ft, fc, tmp
     assert "18 x 18" not in "".join(plain.values())
 
 
+def test_learning_rate_variants_train_the_same_model_faster_and_are_read_against_their_own_reference(fs, ft, fc,
+                                                                                                     tmp_path):
+    """est-ffn-lr1e-3, est-default-lr1e-3, est-skip-t12-lr1e-3: the model of the run without the suffix, at
+    learning rate 1e-3 instead of the recipe's 5e-4; charged that model's step cost; the EST rows read against
+    est-ffn-lr1e-3 (ratios, the target's line), est-ffn-lr1e-3 against est-ffn."""
+    from est.train import load_config
+
+    for split in ("train", "test"):
+        (tmp_path / "ethanol" / split).mkdir(parents=True)
+    for model in fs.LEARNING_RATES:
+        base = model.removesuffix(fs.LR_SUFFIX)
+        assert model in fs.ABLATIONS and fs.cost_model(model) == fs.cost_model(model + "@time") == base
+        fast, plain = (load_config(fs.est_overrides(m, tmp_path, "ethanol", 0, tmp_path / "rd", fs.FULL))
+                       for m in (model, base))
+        assert fast.trainer.lr == 1e-3 and plain.trainer.lr == 5e-4 and fast.model == plain.model
+    assert fs.reference_of("est-skip-t12-lr1e-3") == fs.reference_of("est-default-lr1e-3@time") == "est-ffn-lr1e-3"
+    assert fs.reference_of("est-ffn-lr1e-3") == fs.reference_of("est-skip-t12") == "est-ffn"
+    runs = {"ethanol": {m: [record(m, s, end, curve(1.0, [30.0, 20.0, end])) for s in (0, 1)]
+                        for m, end in (("est-ffn", 10.0), ("est-ffn-lr1e-3", 8.0), ("est-default-lr1e-3", 7.2))}}
+    fc.with_step_cost_clock(runs, {"ethanol": {"est-ffn": {"cpu_s": 1.0}, "est-default": {"cpu_s": 1.0}}})
+    t = ft.tables(runs, clock="step-cost")
+    steps = t["forces-ethanol"].splitlines()
+    assert "| 0.80 0.80 (2/2 lower) |" in next(x for x in steps if "EquiformerV2 at learning rate" in x)  # 8 / 10
+    assert "| 0.90 0.90 (2/2 lower) |" in next(x for x in steps if "EST default at learning rate" in x)  # 7.2 / 8
+    text = t["forces-ethanol-time"]
+    assert ("The same bound, both at learning rate 1e-3: est-default-lr1e-3 / est-ffn-lr1e-3 force MAE at equal time "
+            "(step-cost clock) <= 0.90: per seed 0.90 0.90") in text
+    assert "rows at learning rate 1e-3 are read against est's EquiformerV2 at learning rate 1e-3" in text
+    assert "18 x 18" not in text
+
+
 def test_a_model_computing_another_models_step_is_charged_that_models_cost(fs, fc, monkeypatch, tmp_path):
     """est-cap8 is est-default with c = 8 instead of 4 in the logit bound: the same parameters and the same
     operations (measured: 0.994x est-default's step, one round-robin calibration), so it takes est-default's
