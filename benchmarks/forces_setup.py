@@ -31,8 +31,9 @@ GRID18_SUFFIX = "-g18"
 GRID18 = ["model.grid_resolution=[18,18]"]
 GATE_SUFFIX = "-gm"
 GATE_MESSAGES = ["model.message_activation=gate"]
-#: the recipe's learning rate (peak of the cosine schedule), and the study's one variant of it: twice the recipe,
-#: for est's EquiformerV2 and two EST models (does the recipe's rate, EquiformerV2's OC20 one, hide a gap?)
+#: the recipe's learning rate (peak of the cosine schedule; est's trainer default, near EquiformerV2's OC20 4e-4),
+#: and the study's one variant of it: twice the recipe, for est's EquiformerV2 and two EST models (does the recipe's
+#: rate hide a gap?)
 RECIPE_LR = "5e-4"
 LR_SUFFIX = "-lr1e-3"
 LEARNING_RATES = {m + LR_SUFFIX: "1e-3" for m in ("est-ffn", "est-default", "est-skip-t12")}
@@ -296,7 +297,8 @@ def est_overrides(model: str, data_dir: Path, molecule: str, seed: int, rd: Path
             f"data.test_path={d / 'test'}", f"data.batch_size={budget.batch_size}", "data.eval_batch_size=32",
             "data.num_workers=0", f"trainer.max_steps={steps}", "trainer.max_epochs=100000",
             f"trainer.warmup_steps={max(1, steps // 30)}", f"trainer.eval_every={budget.eval_every}",
-            f"trainer.lr={LEARNING_RATES.get(base_model(model), RECIPE_LR)}", "trainer.ema_decay=0.99", "trainer.energy_coefficient=2.0", "trainer.force_coefficient=100.0",
+            f"trainer.lr={LEARNING_RATES.get(base_model(model), RECIPE_LR)}", "trainer.ema_decay=0.99",
+            "trainer.energy_coefficient=2.0", "trainer.force_coefficient=100.0",
             "trainer.monitor=forces_mae", "trainer.final_splits=[]", f"trainer.log_every={budget.eval_every}",
             "trainer.resume=auto", "trainer.progress=false", "trainer.tensorboard=false", "trainer.plots=false",
             f"seed={seed}", f"run_dir={rd}", f"name=forces-{molecule}-{model}"]

@@ -35,8 +35,8 @@ channels, cutoff 5 A, every neighbour, no periodic images, conservative forces
   ``@time`` budget; ``forces_setup.reference_of``), ``est-ffn-g18`` against
   ``est-ffn``; the target line is repeated for the pair.
 * ``est-ffn-lr1e-3``, ``est-default-lr1e-3``, ``est-skip-t12-lr1e-3``: the same
-  models at learning rate 1e-3, twice the recipe's 5e-4 (EquiformerV2's OC20
-  peak rate); each is charged its model's step cost and read against
+  models at learning rate 1e-3, twice the recipe's 5e-4 (est's trainer default;
+  EquiformerV2's OC20 peak is 4e-4); each is charged its model's step cost and read against
   ``est-ffn-lr1e-3`` (that one against ``est-ffn``), like the 18 x 18 pair.
 * ``mace``         MACE 0.3.16 (``benchmarks/baseline/mace_baseline.py``, its own
   venv and training entry point: 2 layers, 64 channels, L = 2, correlation 3,
