@@ -42,9 +42,12 @@ MACE = "mace"
 EST_DEFAULT = ["model.update=est", "model.est.preset=default"]
 #: the EST default with each point's value added to its attention output
 EST_SKIP = [*EST_DEFAULT, "model.est.value_skip=true"]
+#: est's EquiformerV2, and EST_SKIP on a degree-12 design: the bases of the gate and learning-rate variants
+FFN = ["model.update=ffn"]
+EST_SKIP_T12 = [*EST_SKIP, "model.est.grid.degree=12"]
 #: model label -> overrides on top of SHAPE (``mace``: the MACE baseline, no overrides)
 MODELS: dict[str, list[str]] = {
-    "est-ffn": ["model.update=ffn"],
+    "est-ffn": FFN,
     "est-default": [*EST_DEFAULT],
     "est-paper": ["model.update=est", "model.est.preset=paper"],
     "est-half": [*EST_DEFAULT, *HALF],
@@ -62,20 +65,20 @@ MODELS: dict[str, list[str]] = {
     "est-skip": [*EST_SKIP],
     # est-skip on a degree-12 design (86 points, fewer than the 10 x 9 grid's 90 that EquiformerV2's FFN samples):
     # the attention's S^2 work at ~1/3 of the default's
-    "est-skip-t12": [*EST_SKIP, "model.est.grid.degree=12"],
+    "est-skip-t12": EST_SKIP_T12,
     # est-skip-t12 with gate activations in the message block (model.message_activation=gate): no per-edge S2 grid
     # (0.80x the study's step); EquiformerV2's ablations lose accuracy with gates, does the EST block make up for
     # it? est-ffn-gm is the control: EquiformerV2 with the same messages
-    "est-skip-t12" + GATE_SUFFIX: [*EST_SKIP, "model.est.grid.degree=12", *GATE_MESSAGES],
-    "est-ffn" + GATE_SUFFIX: ["model.update=ffn", *GATE_MESSAGES],
+    "est-skip-t12" + GATE_SUFFIX: [*EST_SKIP_T12, *GATE_MESSAGES],
+    "est-ffn" + GATE_SUFFIX: [*FFN, *GATE_MESSAGES],
     # EquiformerV2 and the EST default both on the 18 x 18 grid: the comparison at equal (trained) equivariance,
     # where EquiformerV2 pays for its finer sampling in the FFN and the EST block does not
-    "est-ffn" + GRID18_SUFFIX: ["model.update=ffn", *GRID18],
+    "est-ffn" + GRID18_SUFFIX: [*FFN, *GRID18],
     "est-default" + GRID18_SUFFIX: [*EST_DEFAULT, *GRID18],
     # est-ffn, the EST default and est-skip-t12 at learning rate 1e-3 (LEARNING_RATES; the model is unchanged)
-    "est-ffn" + LR_SUFFIX: ["model.update=ffn"],
+    "est-ffn" + LR_SUFFIX: FFN,
     "est-default" + LR_SUFFIX: [*EST_DEFAULT],
-    "est-skip-t12" + LR_SUFFIX: [*EST_SKIP, "model.est.grid.degree=12"],
+    "est-skip-t12" + LR_SUFFIX: EST_SKIP_T12,
     MACE: [],
 }
 LABELS = {"est-ffn": "est EquiformerV2 (`update=\"ffn\"`)", "est-default": "est EST default (spherical Transformer only)",
