@@ -295,6 +295,33 @@ def test_learning_rate_variants_train_the_same_model_faster_and_are_read_against
     assert "18 x 18" not in text
 
 
+def test_molecule_forces_experiment_is_the_studys_learning_rate_row(fs, tmp_path):
+    """``+experiment=molecule_forces`` is what README and docs quote for it: est-skip-t12-lr1e-3's model
+    (the same ModelConfig, though spelled on est_tiny), optimisation, loss and batches, and a validation
+    hold-out the study's size (the last 100 of 2,000 training frames)."""
+    from est.models.registry import model_config
+    from est.train import load_config
+    from est.train.loading import model_dict
+
+    for split in ("train", "test"):
+        (tmp_path / "ethanol" / split).mkdir(parents=True)
+    exp = load_config(["+experiment=molecule_forces"], check=False)
+    row = load_config(fs.est_overrides("est-skip-t12-lr1e-3", tmp_path, "ethanol", 0, tmp_path / "rd", fs.FULL))
+
+    def resolved(cfg):
+        return model_config(**(model_dict(cfg.model) | {"avg_num_nodes": 9.0, "avg_degree": 8.0}))
+
+    assert resolved(exp) == resolved(row)
+    assert resolved(exp).update == "est" and resolved(exp).est.value_skip is True and resolved(exp).est.grid.degree == 12
+    for key in ("max_steps", "warmup_steps", "eval_every", "lr", "ema_decay", "energy_coefficient",
+                "force_coefficient", "monitor", "weight_decay", "warmup_factor", "lr_min_factor", "clip_grad_norm"):
+        assert exp.trainer[key] == row.trainer[key], key
+    for key in ("task", "batch_size", "eval_batch_size", "atomref", "sampler"):
+        assert exp.data[key] == row.data[key], key
+    assert exp.data.val_fraction * 2000 == fs.FULL.val_frames and exp.data.val_path is None
+    assert exp.data.generator == "est.data.xtb" and exp.data.train_path.endswith("ethanol/train")
+
+
 def test_a_model_computing_another_models_step_is_charged_that_models_cost(fs, fc, monkeypatch, tmp_path):
     """est-cap8 is est-default with c = 8 instead of 4 in the logit bound: the same parameters and the same
     operations (measured: 0.994x est-default's step, one round-robin calibration), so it takes est-default's

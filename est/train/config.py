@@ -36,6 +36,8 @@ __all__ = [
 ]
 
 TASKS = ("qm9", "s2ef", "is2re")
+#: modules that build a dataset on first use (``data.generate``)
+GENERATORS = ("est.data.generate", "est.data.xtb")
 #: PyG's 19 QM9 targets (index -> name), the order of ``sample.y``
 QM9_TARGETS = (
     "mu", "alpha", "homo", "lumo", "gap", "r2", "zpve", "U0", "U", "H", "G", "cv",
@@ -76,8 +78,15 @@ class DataConfig:
     key_map: Dict[str, Any] = field(default_factory=dict)
     #: unpickle LMDB records without the allow-list (only for files you trust)
     trusted: bool = False
-    #: generate the EMT OC20-layout set into ``generate_dir`` when train_path is missing
+    #: when ``val_path`` is null: hold out the last ``val_fraction`` of the training set (in file order)
+    #: for validation. A contiguous tail, not a random draw: neighbouring frames of an MD trajectory are
+    #: correlated, and a random hold-out would score interpolation between training frames
+    val_fraction: Optional[float] = None
+    #: build the set into ``generate_dir`` when train_path is missing, with ``python -m <generator> --out
+    #: generate_dir <generate_args>``: ``est.data.generate`` (the EMT OC20-layout set) or ``est.data.xtb``
+    #: (GFN2-xTB molecular dynamics; needs tblite)
     generate: bool = False
+    generator: str = "est.data.generate"
     generate_dir: Optional[str] = None
     generate_args: List[str] = field(default_factory=list)
     # -- common
@@ -365,6 +374,9 @@ def validate_numbers(cfg: Any) -> None:
     _positive("data.eval_batch_size", d.eval_batch_size, allow_none=True)
     _positive("data.num_workers", d.num_workers, allow_zero=True)
     _positive("data.subset", d.subset, allow_none=True)
+    if d.val_fraction is not None and not (isinstance(d.val_fraction, (int, float)) and 0.0 < d.val_fraction < 1.0):
+        raise ConfigError(f"data.val_fraction={d.val_fraction!r} must be a fraction in (0, 1). "
+                          "Fix: e.g. data.val_fraction=0.05, or null with a data.val_path.")
     _positive("trainer.max_epochs", t.max_epochs)
     _positive("trainer.max_steps", t.max_steps, allow_none=True)
     _positive("trainer.lr", t.lr)
@@ -400,6 +412,7 @@ def validate(cfg: Any, *, check_paths: bool = True) -> None:
     _choice("data.task", d.task, TASKS)
     _choice("mode", cfg.mode, ("train", "eval"))
     _choice("data.sampler", d.sampler, ("balanced", "even"))
+    _choice("data.generator", d.generator, GENERATORS)
     _choice("trainer.device", t.device, ("auto", "cpu", "cuda"))
     validate_numbers(cfg)
     if t.resume not in ("auto", "never") and cfg.mode == "train" and check_paths and not os.path.isfile(t.resume):
@@ -413,6 +426,9 @@ def validate(cfg: Any, *, check_paths: bool = True) -> None:
     check_model_keys(m)
     regress = m.get("regress_forces")
     if d.task == "qm9":
+        if d.val_fraction is not None:
+            raise ConfigError("data.val_fraction is for file datasets; QM9 has its standard validation split. "
+                              "Fix: data.val_fraction=null.")
         bad = [x for x in d.targets if not (isinstance(x, int) and 0 <= x < 19)]
         if bad or len(d.targets) == 0:
             raise ConfigError(f"data.targets={list(d.targets)} must be a non-empty list of PyG QM9 target indices 0..18. "
@@ -447,8 +463,11 @@ def validate(cfg: Any, *, check_paths: bool = True) -> None:
         if d.task == "is2re" and regress:
             raise ConfigError(f"model.regress_forces={regress!r} is incompatible with data.task=is2re (relaxed energies only). "
                               "Fix: set model.regress_forces=null.")
+        if d.val_fraction is not None and d.val_path is not None:
+            raise ConfigError(f"data.val_fraction={d.val_fraction} and data.val_path={d.val_path!r} both give a validation "
+                              "set. Fix: data.val_path=null to hold out part of the training set, or data.val_fraction=null.")
         if check_paths:
-            needed = [("data.val_path", d.val_path)]
+            needed = [] if d.val_fraction is not None else [("data.val_path", d.val_path)]
             if cfg.mode == "train":
                 needed.insert(0, ("data.train_path", d.train_path))
             for key, p in needed:
@@ -459,7 +478,7 @@ def validate(cfg: Any, *, check_paths: bool = True) -> None:
                                       " (or an .aselmdb file / folder of them) on the command line.")
                 if not os.path.exists(p) and not (d.generate and key in ("data.train_path", "data.val_path")):
                     raise ConfigError(f"{key}={p!r} does not exist. Fix: pass {key}=<existing .lmdb/.aselmdb file or folder>"
-                                      + (" or data.generate=true to build the EMT set there." if d.task != "qm9" else "."))
+                                      + (" or data.generate=true to build a generated set there." if d.task != "qm9" else "."))
             if d.test_path is not None and not os.path.exists(d.test_path) and not d.generate:
                 raise ConfigError(f"data.test_path={d.test_path!r} does not exist. Fix: give an existing path or data.test_path=null.")
     if cfg.mode == "eval" and check_paths:

@@ -149,19 +149,34 @@ def _maybe_generate(dcfg, info) -> None:
         return
     out = dcfg.generate_dir or os.path.dirname(os.path.dirname(os.path.abspath(dcfg.train_path)))
     if info.is_main:
-        cmd = [sys.executable, "-m", "est.data.generate", "--out", out, *map(str, dcfg.generate_args)]
-        print(f"[est.train] {dcfg.train_path} is missing: generating the EMT OC20-layout set: {' '.join(cmd)}", flush=True)
+        cmd = [sys.executable, "-m", dcfg.generator, "--out", out, *map(str, dcfg.generate_args)]
+        print(f"[est.train] {dcfg.train_path} is missing: generating the set: {' '.join(cmd)}", flush=True)
         res = subprocess.run(cmd)
         if res.returncode != 0:
             raise RuntimeError(f"'{' '.join(cmd)}' failed (exit {res.returncode}). Fix: generate the set by hand or "
                                "pass data.train_path/data.val_path of an existing OC20-layout LMDB.")
     from .distributed import barrier
     barrier(info)
-    for key in ("train_path", "val_path"):
+    for key in ("train_path", "val_path", "test_path"):
         p = getattr(dcfg, key)
         if p is not None and not os.path.exists(p):
             raise FileNotFoundError(f"data.{key}={p} is still missing after generating into {out}. "
                                     f"Fix: check the generator's output layout and set data.{key}.")
+
+
+def hold_out_tail(dataset, fraction: float) -> Tuple[IndexSubset, IndexSubset]:
+    """(head, tail) of ``dataset`` in its own order, the tail ``max(1, round(n * fraction))`` samples long.
+
+    The validation split of ``data.val_fraction``: consecutive MD frames are correlated (the xTB sets'
+    forces decorrelate over ~5 MD steps, energies over ~70, geometries over ~400), so the tail of a
+    trajectory is a fairer hold-out than frames drawn at random between training frames.
+    """
+    n = len(dataset)
+    k = max(1, int(round(n * fraction)))
+    if n - k < 1:
+        raise ValueError(f"data.val_fraction={fraction} of {n} training samples leaves none to train on. "
+                         "Fix: a smaller data.val_fraction or a data.val_path.")
+    return IndexSubset(dataset, np.arange(n - k)), IndexSubset(dataset, np.arange(n - k, n))
 
 
 def build_datasets(dcfg, info, splits: Sequence[str] = ("train", "val", "test")) -> Dict[str, Dataset]:
@@ -188,7 +203,8 @@ def build_datasets(dcfg, info, splits: Sequence[str] = ("train", "val", "test"))
     from est.data.formats import open_dataset
 
     _maybe_generate(dcfg, info)
-    paths = {"train": dcfg.train_path, "val": dcfg.val_path, "test": dcfg.test_path}
+    held_out = getattr(dcfg, "val_fraction", None) is not None and dcfg.val_path is None
+    paths = {"train": dcfg.train_path, "val": dcfg.train_path if held_out else dcfg.val_path, "test": dcfg.test_path}
     frac = None
     for s in ("train", "val", "test"):
         if s not in splits or paths[s] is None:
@@ -199,6 +215,8 @@ def build_datasets(dcfg, info, splits: Sequence[str] = ("train", "val", "test"))
         # them under trainer.max_bad_batches (Trainer.nonfinite_inputs). No extra fields (.aselmdb
         # stress/charge/spin): no task reads them, and rows with and without one cannot share a batch
         ds = open_dataset(paths[s], key_map=key_map or None, trusted=dcfg.trusted, check_finite=False, extra_fields=())
+        if held_out and s in ("train", "val"):
+            ds = hold_out_tail(ds, dcfg.val_fraction)[0 if s == "train" else 1]
         if s == "train" or frac is None:
             frac = _subset_fraction(dcfg.subset, len(ds)) if s == "train" or "train" not in splits else frac
         out[s] = _take(ds, frac, seed=dcfg.split_seed + {"train": 0, "val": 1, "test": 2}[s])
