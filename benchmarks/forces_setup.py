@@ -29,6 +29,11 @@ HALF = ["model.channels=16", "model.attn_hidden_channels=16", "model.ffn_hidden_
 #: EquiformerV2 a rotation error of 6e-4 to 5.6e-3 on these molecules, 18 x 18 about 1e-6 (bench_trained_grid.py)
 GRID18_SUFFIX = "-g18"
 GRID18 = ["model.grid_resolution=[18,18]"]
+#: the 18 x 18 pair at degree L = 6 (EquiformerV2's OC20 S2EF degree; mmax stays 2, the EST design follows L:
+#: degree 18, 182 points): the two steps cost the same there (bench_step_cost_lmax.py), so the equal-time reading
+#: is the equal-steps one; does accuracy move with L, and which way?
+L6_SUFFIX = "-g18-l6"
+L6 = [*GRID18, "model.lmax=6"]
 GATE_SUFFIX = "-gm"
 GATE_MESSAGES = ["model.message_activation=gate"]
 #: the recipe's learning rate (peak of the cosine schedule; est's trainer default, near EquiformerV2's OC20 4e-4),
@@ -75,6 +80,8 @@ MODELS: dict[str, list[str]] = {
     # where EquiformerV2 pays for its finer sampling in the FFN and the EST block does not
     "est-ffn" + GRID18_SUFFIX: [*FFN, *GRID18],
     "est-default" + GRID18_SUFFIX: [*EST_DEFAULT, *GRID18],
+    "est-ffn" + L6_SUFFIX: [*FFN, *L6],
+    "est-default" + L6_SUFFIX: [*EST_DEFAULT, *L6],
     # est-ffn, the EST default and est-skip-t12 at learning rate 1e-3 (LEARNING_RATES; the model is unchanged)
     "est-ffn" + LR_SUFFIX: FFN,
     "est-default" + LR_SUFFIX: [*EST_DEFAULT],
@@ -93,16 +100,20 @@ LABELS = {"est-ffn": "est EquiformerV2 (`update=\"ffn\"`)", "est-default": "est 
           "est-ffn" + GATE_SUFFIX: "est EquiformerV2 with gate messages",
           "est-ffn" + GRID18_SUFFIX: "est EquiformerV2 on the 18 x 18 grid",
           "est-default" + GRID18_SUFFIX: "est EST default on the 18 x 18 grid",
+          "est-ffn" + L6_SUFFIX: "est EquiformerV2 at L = 6 on the 18 x 18 grid",
+          "est-default" + L6_SUFFIX: "est EST default at L = 6 on the 18 x 18 grid",
           "est-ffn" + LR_SUFFIX: "est EquiformerV2 at learning rate 1e-3",
           "est-default" + LR_SUFFIX: "est EST default at learning rate 1e-3",
           "est-skip-t12" + LR_SUFFIX: "est EST default with the value skip, degree-12 design, learning rate 1e-3",
           MACE: "MACE (L=2, 64 ch)"}
 #: models run only when named (--models): the default without its logit bound, on a coarser design, with a looser
 #: bound, with the value skip (on two designs, the degree-12 one also with gate messages, and EquiformerV2 with them);
-#: EquiformerV2 and the default on the 18 x 18 grid; three models at twice the recipe's learning rate
+#: EquiformerV2 and the default on the 18 x 18 grid, at L = 3 and at L = 6; three models at twice the recipe's
+#: learning rate
 ABLATIONS = ("est-uncapped", "est-half-uncapped", "est-t14", "est-cap8", "est-skip", "est-skip-t12",
              "est-skip-t12" + GATE_SUFFIX, "est-ffn" + GATE_SUFFIX,
-             "est-ffn" + GRID18_SUFFIX, "est-default" + GRID18_SUFFIX, *LEARNING_RATES)
+             "est-ffn" + GRID18_SUFFIX, "est-default" + GRID18_SUFFIX, "est-ffn" + L6_SUFFIX,
+             "est-default" + L6_SUFFIX, *LEARNING_RATES)
 REFERENCE = "est-ffn"
 #: ``<model>@time``: ``<model>`` trained for as many steps as fit in est-ffn's time (its 1,500 steps x its step
 #: cost), its schedule ending there (:func:`time_budget`): the equal-time reading on the test set
@@ -119,6 +130,7 @@ TARGET_PAIRS = ((TARGET[0], REFERENCE, "Target (issue 17)"),
                 (TARGET[0] + GRID18_SUFFIX, REFERENCE + GRID18_SUFFIX, "The same bound, both on the 18 x 18 grid"),
                 ("est-skip", REFERENCE, "The same bound, the default with the value skip"),
                 ("est-skip-t12", REFERENCE, "The same bound, the value skip on a degree-12 design"),
+                (TARGET[0] + L6_SUFFIX, REFERENCE + L6_SUFFIX, "The same bound, both at L = 6 on the 18 x 18 grid"),
                 (TARGET[0] + LR_SUFFIX, REFERENCE + LR_SUFFIX, "The same bound, both at learning rate 1e-3"),
                 ("est-skip-t12" + LR_SUFFIX, REFERENCE + LR_SUFFIX,
                  "The same bound, the value skip on a degree-12 design, both at learning rate 1e-3"))
@@ -182,8 +194,9 @@ def base_model(model: str) -> str:
 #: constant differs: est-cap8's c = 8 in c tanh(sigma / c) / sigma, the learning rate of the -lr1e-3 models):
 #: they take that model's calibrated step cost
 SAME_STEP_AS = {"est-cap8": "est-default", **{m: m.removesuffix(LR_SUFFIX) for m in LEARNING_RATES}}
-#: suffixes of variants read against est's EquiformerV2 with the same suffix (the same grid, the same learning rate)
-OWN_REFERENCE_SUFFIXES = (GRID18_SUFFIX, LR_SUFFIX)
+#: suffixes of variants read against est's EquiformerV2 with the same suffix (the same grid and degree, the same
+#: learning rate)
+OWN_REFERENCE_SUFFIXES = (GRID18_SUFFIX, L6_SUFFIX, LR_SUFFIX)
 
 
 def reference_of(model: str) -> str:

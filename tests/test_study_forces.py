@@ -295,6 +295,34 @@ def test_learning_rate_variants_train_the_same_model_faster_and_are_read_against
     assert "18 x 18" not in text
 
 
+def test_degree_six_pair_is_the_18x18_pair_at_l6_read_against_its_own_reference(fs, ft, fc, tmp_path):
+    """est-ffn-g18-l6 / est-default-g18-l6: the 18 x 18 pair with model.lmax=6 (nothing else changed), each
+    charged its own step cost, the EST row read against est-ffn-g18-l6 in the tables and the target's line."""
+    from est.train import load_config
+
+    for split in ("train", "test"):
+        (tmp_path / "ethanol" / split).mkdir(parents=True)
+    for base in ("est-ffn", "est-default"):
+        six, three = (load_config(fs.est_overrides(m, tmp_path, "ethanol", 0, tmp_path / "rd", fs.FULL))
+                      for m in (base + fs.L6_SUFFIX, base + fs.GRID18_SUFFIX))
+        assert six.model.lmax == 6 and list(six.model.grid_resolution) == [18, 18]
+        assert {k: v for k, v in six.model.items() if k != "lmax"} == dict(three.model) and six.trainer == three.trainer
+        assert fs.cost_model(base + fs.L6_SUFFIX) == base + fs.L6_SUFFIX and base + fs.L6_SUFFIX in fs.ABLATIONS
+    assert fs.reference_of("est-default-g18-l6") == fs.reference_of("est-default-g18-l6@time") == "est-ffn-g18-l6"
+    assert fs.reference_of("est-ffn-g18-l6") == "est-ffn"
+    runs = {"ethanol": {m: [record(m, s, end, curve(1.0, [30.0, 20.0, end])) for s in (0, 1)]
+                        for m, end in (("est-ffn", 10.0), ("est-ffn-g18-l6", 9.0), ("est-default-g18-l6", 8.1))}}
+    fc.with_step_cost_clock(runs, {"ethanol": {m: {"cpu_s": c} for m, c in
+                                               (("est-ffn", 1.0), ("est-ffn-g18-l6", 2.0), ("est-default-g18-l6", 2.0))}})
+    t = ft.tables(runs, clock="step-cost")
+    assert "| 0.90 0.90 (2/2 lower) |" in next(x for x in t["forces-ethanol"].splitlines()
+                                               if "EST default at L = 6" in x)  # 8.1 / 9
+    text = t["forces-ethanol-time"]
+    assert ("The same bound, both at L = 6 on the 18 x 18 grid: est-default-g18-l6 / est-ffn-g18-l6 force MAE at "
+            "equal time (step-cost clock) <= 0.90: per seed 0.90 0.90") in text
+    assert "rows at L = 6 on the 18 x 18 grid are read against est's EquiformerV2 at L = 6 on the 18 x 18 grid" in text
+
+
 def test_molecule_forces_experiment_is_the_studys_learning_rate_row(fs, tmp_path):
     """``+experiment=molecule_forces`` is what README and docs quote for it: est-skip-t12-lr1e-3's model
     (the same ModelConfig, though spelled on est_tiny), optimisation, loss and batches, and a validation
