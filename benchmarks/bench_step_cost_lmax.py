@@ -13,8 +13,8 @@ at the study's width (C = 32: channels, attention and edge channels 32, FFN hidd
 freed memory kept). Nothing is trained.
 
 What it says about accuracy: nothing. At L = 3 the study measured both; at L > 3 an equal-time reading
-needs the training runs (``python benchmarks/study_forces.py --molecules ethanol --models est-ffn-g18
-est-default-g18`` with ``model.lmax`` added to ``forces_setup.MODELS``).
+needs the training runs: at L = 6 ``python benchmarks/study_forces.py --molecules ethanol --models
+est-ffn-g18-l6 est-default-g18-l6`` (``forces_setup.L6_SUFFIX``).
 
     python benchmarks/bench_step_cost_lmax.py [--data-dir /work/data/xtb] [--molecule ethanol] \
         [--lmax 3 4 6] [--channels 32 128] [--repeats 2] [--rounds 5]
