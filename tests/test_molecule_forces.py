@@ -52,6 +52,7 @@ def test_experiment_generates_its_set_and_trains(tmp_path):
     tr = Trainer(cfg)
     assert [len(tr.datasets[s]) for s in ("train", "val", "test")] == [7, 1, 2]
     assert tr.datasets["val"].indices.tolist() == [7]
+    assert tr.datasets["val"].dataset is tr.datasets["train"].dataset  # one reader of the training file
     assert tr.fit() == "finished"
     for split in ("val", "test"):
         assert math.isfinite(tr.final_results[split]["forces_mae"]), split

@@ -336,11 +336,10 @@ def test_molecule_forces_experiment_is_the_studys_learning_rate_row(fs, tmp_path
     exp = load_config(["+experiment=molecule_forces"], check=False)
     row = load_config(fs.est_overrides("est-skip-t12-lr1e-3", tmp_path, "ethanol", 0, tmp_path / "rd", fs.FULL))
 
-    def resolved(cfg):
-        return model_config(**(model_dict(cfg.model) | {"avg_num_nodes": 9.0, "avg_degree": 8.0}))
-
-    assert resolved(exp) == resolved(row)
-    assert resolved(exp).update == "est" and resolved(exp).est.value_skip is True and resolved(exp).est.grid.degree == 12
+    model, row_model = (model_config(**(model_dict(c.model) | {"avg_num_nodes": 9.0, "avg_degree": 8.0}))
+                        for c in (exp, row))
+    assert model == row_model
+    assert model.update == "est" and model.est.value_skip is True and model.est.grid.degree == 12
     for key in ("max_steps", "warmup_steps", "eval_every", "lr", "ema_decay", "energy_coefficient",
                 "force_coefficient", "monitor", "weight_decay", "warmup_factor", "lr_min_factor", "clip_grad_norm"):
         assert exp.trainer[key] == row.trainer[key], key

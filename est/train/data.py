@@ -205,18 +205,26 @@ def build_datasets(dcfg, info, splits: Sequence[str] = ("train", "val", "test"))
     _maybe_generate(dcfg, info)
     held_out = getattr(dcfg, "val_fraction", None) is not None and dcfg.val_path is None
     paths = {"train": dcfg.train_path, "val": dcfg.train_path if held_out else dcfg.val_path, "test": dcfg.test_path}
+    key_map = OmegaConf.to_container(dcfg.key_map) if isinstance(dcfg.key_map, DictConfig) else dict(dcfg.key_map or {})
+    opened: Dict[str, Dataset] = {}  # path -> dataset: a held-out validation tail shares its training file's reader
+
+    def split_of(s: str) -> Dataset:
+        p = paths[s]
+        if p not in opened:
+            # the reader follows the path (OC20 .lmdb, fairchem .aselmdb, ASE .db/.json: est.data.formats);
+            # non-finite positions/cells reach the trainer, which names the file and key and skips
+            # them under trainer.max_bad_batches (Trainer.nonfinite_inputs). No extra fields (.aselmdb
+            # stress/charge/spin): no task reads them, and rows with and without one cannot share a batch
+            opened[p] = open_dataset(p, key_map=key_map or None, trusted=dcfg.trusted, check_finite=False, extra_fields=())
+        if held_out and s in ("train", "val"):
+            return hold_out_tail(opened[p], dcfg.val_fraction)[s == "val"]
+        return opened[p]
+
     frac = None
     for s in ("train", "val", "test"):
         if s not in splits or paths[s] is None:
             continue
-        key_map = OmegaConf.to_container(dcfg.key_map) if isinstance(dcfg.key_map, DictConfig) else dict(dcfg.key_map or {})
-        # the reader follows the path (OC20 .lmdb, fairchem .aselmdb, ASE .db/.json: est.data.formats);
-        # non-finite positions/cells reach the trainer, which names the file and key and skips
-        # them under trainer.max_bad_batches (Trainer.nonfinite_inputs). No extra fields (.aselmdb
-        # stress/charge/spin): no task reads them, and rows with and without one cannot share a batch
-        ds = open_dataset(paths[s], key_map=key_map or None, trusted=dcfg.trusted, check_finite=False, extra_fields=())
-        if held_out and s in ("train", "val"):
-            ds = hold_out_tail(ds, dcfg.val_fraction)[0 if s == "train" else 1]
+        ds = split_of(s)
         if s == "train" or frac is None:
             frac = _subset_fraction(dcfg.subset, len(ds)) if s == "train" or "train" not in splits else frac
         out[s] = _take(ds, frac, seed=dcfg.split_seed + {"train": 0, "val": 1, "test": 2}[s])
