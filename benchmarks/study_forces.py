@@ -110,7 +110,11 @@ a time, in ``ROOT/<molecule>/<model>-s<seed>/``; it resumes a killed run
 test metrics, equivariance and MD are kept in their own JSON files; the MD
 saves its trajectory state every 1,000 steps in ``md_state.json``) and is
 skipped once ``result.json`` exists (delete the folder to rerun it). The
-budget of a root is fixed by its first call (``ROOT/budget.json``).
+budget of a root is fixed by its first call (``ROOT/budget.json``). New runs
+are merged with the runs stored in ``forces.json`` only when each molecule's
+set in DATA is the one the stored runs trained on (``forces_provenance.py``:
+the generator's manifest against ``data_manifest``, checked before any run;
+``data_checks`` records when); the stored file's other fields stay.
 
     python benchmarks/study_forces.py --data-dir DATA                 # 4 molecules x 5 models x 3 seeds
     python benchmarks/study_forces.py --data-dir DATA --molecules ethanol --models est-ffn est-default --seeds 0
@@ -120,7 +124,8 @@ budget of a root is fixed by its first call (``ROOT/budget.json``).
 
 This file runs the study (one run, the driver); its parts: ``forces_setup.py``
 (molecules, models, budget, run folders, data, an est run's overrides),
-``forces_clock.py`` (the training clock and the step costs) and
+``forces_clock.py`` (the training clock and the step costs),
+``forces_provenance.py`` (which data sets the stored runs trained on) and
 ``forces_tables.py`` (curves, tables, plots; what ``summary.py`` renders).
 """
 from __future__ import annotations
@@ -147,6 +152,7 @@ from forces_setup import (ABLATIONS, CLOCKS, FULL, MACE, MD_STATE, MODEL_CHOICES
                           QUICK, REFERENCE, SHAPE, TIME_SUFFIX, Budget, cached, cost_model, est_datasets,
                           est_overrides, is_timed, mace_files, molecule_dir, reference_of, relaxed_atoms, run_dir,
                           split_indices)
+from forces_provenance import check_record, checked_manifest  # noqa: E402
 from forces_tables import plot_curves, projection, tables  # noqa: E402
 
 
@@ -330,16 +336,23 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     jobs = [(m, model, s) for s in args.seeds for m in args.molecules for model in args.models]
+
+    def compatible(stored: dict) -> bool:  # runs of the same budget and MACE precision are merged
+        return stored.get("budget") == asdict(budget) and stored.get("mace_dtype") == args.mace_dtype
+
+    stored = None if args.quick else common.load("forces")
+    stored = stored if stored and compatible(stored) else None
+    manifest, checked = (stored or {}).get("data_manifest"), {}
     if not args.tables_only:
         check_budget(root, budget)
+        try:  # before any run: each molecule's set is there, complete, and the stored runs' one (or new here)
+            manifest, checked = checked_manifest(manifest, data_dir, args.molecules)
+        except (FileNotFoundError, ValueError) as exc:
+            raise SystemExit(f"[forces] {exc}") from None
         if MACE in args.models and not mb.available():
             print(f"[forces] {mb.MISSING} ({mb.venv_python()})", flush=True)
             jobs = [j for j in jobs if j[1] != MACE]
         for molecule in args.molecules:
-            try:
-                molecule_dir(data_dir, molecule)
-            except FileNotFoundError as exc:
-                raise SystemExit(f"[forces] {exc}") from None
             if any(j[1] == MACE for j in jobs):
                 mace_files(data_dir, molecule, root, budget)
             timed_models = sorted({m for j in jobs if j[0] == molecule and is_timed(j[1])
@@ -357,9 +370,8 @@ def main(argv=None) -> int:
                                                  *(["--md-ps", str(args.md_ps)] if args.md_ps is not None else [])],
                       run_dir=lambda job: run_dir(root, *job), parallel=args.jobs, tag="forces")
     results = common.load_results(jobs, lambda job: run_dir(root, *job))
-    if results and not args.quick:  # runs of the other molecules, models and seeds already in forces.json stay
-        results = common.merge_runs("forces", results, compatible=lambda old: old.get("budget") == asdict(budget)
-                                    and old.get("mace_dtype") == args.mace_dtype)
+    if not args.quick:  # runs of the other molecules, models and seeds already in forces.json stay (and render)
+        results = common.merge_runs("forces", results, compatible=compatible)
     costs = {}
     for molecule, per_model in results.items():
         timed = sorted({cost_model(m) for m in per_model if m != MACE or mb.available()})  # MACE: timed in its venv
@@ -381,10 +393,15 @@ def main(argv=None) -> int:
     plots = plot_curves(results, (root if args.quick else common.RESULTS) / "plots", clock=args.clock)
     payload = dict(description=__doc__.split("\n\n")[0], shape=SHAPE, models=MODELS, budget=asdict(budget),
                    seeds=sorted({r["seed"] for ms in results.values() for recs in ms.values() for r in recs}), clock=args.clock, data_dir=str(data_dir), mace_dtype=args.mace_dtype,
-                   wall_s=time.perf_counter() - t0, runs=results, step_costs=costs, tables=text)
-    manifest = data_dir / "manifest.json"
-    if manifest.exists():
-        payload["data_manifest"] = json.loads(manifest.read_text())
+                   runs=results, step_costs=costs, tables=text)
+    if not args.tables_only:
+        payload["wall_s"] = time.perf_counter() - t0
+    if manifest:
+        payload["data_manifest"] = manifest
+    if checked:
+        payload["data_checks"] = {**(stored or {}).get("data_checks", {}), **check_record(checked)}
+    # what the stored file holds beyond this call's fields (notes, the last run's wall_s) stays
+    payload = {**{k: v for k, v in (stored or {}).items() if k not in payload}, **payload}
     if args.quick:
         path = root / "forces.json"
         path.write_text(json.dumps(payload, indent=1, default=str))

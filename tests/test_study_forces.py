@@ -13,7 +13,8 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 #: the study's modules: its setup, tables and clocks, and the driver
-MODULES = {"fs": "forces_setup", "ft": "forces_tables", "fc": "forces_clock", "sf": "study_forces", "bs": "bench_step_cost"}
+MODULES = {"fs": "forces_setup", "ft": "forces_tables", "fc": "forces_clock", "sf": "study_forces", "bs": "bench_step_cost",
+           "fp": "forces_provenance"}
 
 
 @pytest.fixture(scope="module")
@@ -30,14 +31,14 @@ def study():
 
 
 def _module_fixture(key: str):
-    """The fixture ``key`` (``sf``, ``fs``, ``ft``, ``fc``, ``bs``): that module of the study."""
+    """The fixture ``key`` (``sf``, ``fs``, ``ft``, ``fc``, ``bs``, ``fp``): that module of the study."""
     @pytest.fixture(scope="module", name=key)
     def module(study):
         return study[key]
     return module
 
 
-fs_fixture, ft_fixture, fc_fixture, sf_fixture, bs_fixture = (_module_fixture(key) for key in MODULES)
+fs_fixture, ft_fixture, fc_fixture, sf_fixture, bs_fixture, fp_fixture = (_module_fixture(key) for key in MODULES)
 
 
 def curve(step_s: float, maes: list[float], every: int = 10) -> list[dict]:
@@ -618,3 +619,98 @@ def test_calibrate_applies_extra_overrides_after_each_models_own(fc, monkeypatch
     assert set(costs) == {"est-ffn-g18", "est-default-g18"} and costs["est-ffn-g18"]["rounds"] == 2
     assert {n: (c.model.lmax, list(c.model.grid_resolution)) for n, c in built.items()} == {
         "forces-ethanol-est-ffn-g18": (6, [18, 18]), "forces-ethanol-est-default-g18": (6, [18, 18])}
+
+
+def manifest_entry(frames: int = 20, energy: float = -309.58, force_rms: float = 0.98) -> dict:
+    """A generator manifest's entry of one molecule (the fields the provenance check reads)."""
+    split = {"frames": frames, "skipped_frames": 0, "seed_sequence": [0, 7, 0], "energy_mean_eV": energy,
+             "energy_std_eV": 0.14, "force_rms_eV_per_A": force_rms}
+    return {"relaxed": {"energy_eV": -309.99}, "splits": {"train": split, "test": {**split, "frames": 5}}}
+
+
+def generated_set(folder: Path, entries: dict[str, dict]) -> Path:
+    """``folder`` laid out like ``python -m est.data.xtb --out folder``: one folder per molecule (empty splits)
+    and ``manifest.json`` with ``entries``."""
+    import json
+
+    for molecule in entries:
+        (folder / molecule / "train").mkdir(parents=True)
+        (folder / molecule / "test").mkdir()
+        (folder / molecule / "relaxed.npz").write_bytes(b"")
+    (folder / "manifest.json").write_text(json.dumps({"method": "GFN2-xTB", "molecules": entries}))
+    return folder
+
+
+def test_provenance_reads_each_molecules_own_generation_and_accepts_the_same_set_regenerated(fp, tmp_path):
+    """A molecule folder linked into another generation's folder takes that generation's manifest; a set whose
+    forces moved in the 11th digit is the stored set; the stored manifest is kept, new molecules are added."""
+    data = generated_set(tmp_path / "xtb", {"ethanol": manifest_entry()})
+    other = generated_set(tmp_path / "xtb_asp", {"aspirin": manifest_entry(energy=-1077.15)})
+    (data / "aspirin").symlink_to(other / "aspirin")
+    manifest, checked = fp.checked_manifest(None, data, ["ethanol", "aspirin"])
+    assert manifest["method"] == "GFN2-xTB" and set(manifest["molecules"]) == {"ethanol", "aspirin"}
+    assert manifest["molecules"]["aspirin"]["splits"]["train"]["energy_mean_eV"] == -1077.15
+    assert checked == {"ethanol": str(data / "manifest.json"), "aspirin": str(other / "manifest.json")}
+    stored = {"method": "GFN2-xTB", "note": "kept",
+              "molecules": {"ethanol": manifest_entry(force_rms=0.98 * (1 + 1e-10)), "paracetamol": {}}}
+    again, _ = fp.checked_manifest(stored, data, ["ethanol"])
+    assert again == stored  # nothing added, nothing replaced
+    assert fp.set_differences(manifest_entry(), manifest_entry(force_rms=0.98 * (1 + 1e-10))) == []
+
+
+def test_provenance_refuses_another_set_and_names_what_differs(fp, tmp_path):
+    data = generated_set(tmp_path / "xtb", {"ethanol": manifest_entry(frames=30, energy=-309.5)})
+    stored = {"molecules": {"ethanol": manifest_entry()}}
+    with pytest.raises(SystemExit, match=r"ethanol's set in .* is not the one the stored runs .*"
+                                         r"train frames: 20 -> 30.*train energy_mean_eV: -309.58 -> -309.5"):
+        fp.checked_manifest(stored, data, ["ethanol"])
+    (data / "manifest.json").unlink()
+    with pytest.raises(FileNotFoundError, match="manifest.json missing.*python -m est.data.xtb --out .*ethanol"):
+        fp.checked_manifest(stored, data, ["ethanol"])
+    generated_set(tmp_path / "other", {"aspirin": manifest_entry()})
+    (tmp_path / "other" / "ethanol" / "train").mkdir(parents=True)
+    (tmp_path / "other" / "ethanol" / "test").mkdir()
+    (tmp_path / "other" / "ethanol" / "relaxed.npz").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"no entry for ethanol \(it lists \['aspirin'\]\)"):
+        fp.checked_manifest(None, tmp_path / "other", ["ethanol"])
+
+
+def stored_study(fs, fc, common, data_manifest: dict) -> dict:
+    """A forces.json of the full budget with one ethanol EquiformerV2 / EST default pair and their step costs,
+    a data manifest and a hand-written note, written to ``common.RESULTS``."""
+    import json
+    from dataclasses import asdict
+
+    runs = {"ethanol": {"est-ffn": [record("est-ffn", 0, 10.0, curve(2.0, [30.0, 20.0, 10.0])) | {"steps": 30}],
+                        "est-default": [record("est-default", 0, 9.0, curve(2.0, [36.0, 24.0, 12.0]))]}}
+    costs = {"ethanol": {m: {"cpu_s": c, "allocator": fc.ALLOCATOR} for m, c in (("est-ffn", 2.0), ("est-default", 2.4))}}
+    stored = {"budget": asdict(fs.FULL), "mace_dtype": "float64", "runs": runs, "wall_s": 42.0, "step_costs": costs,
+              "data_manifest": data_manifest, "data_manifest_check": "regenerated by hand: equal"}
+    common.RESULTS.mkdir(parents=True)
+    (common.RESULTS / "forces.json").write_text(json.dumps(stored))
+    return stored
+
+
+def test_study_rerenders_without_losing_provenance_and_refuses_other_data_before_any_run(sf, fs, fc, monkeypatch,
+                                                                                          tmp_path):
+    """``--tables-only`` keeps the stored manifest, notes and wall time; a run on a data folder holding another
+    ethanol set stops before anything is calibrated or launched."""
+    import json
+
+    common = importlib.import_module("common")
+    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
+    stored = stored_study(fs, fc, common, {"molecules": {"ethanol": manifest_entry(), "aspirin": {"x": 1}}})
+    data = generated_set(tmp_path / "xtb", {"ethanol": manifest_entry(energy=-300.0)})
+    assert sf.main(["--tables-only", "--data-dir", str(data), "--molecules", "ethanol", "--models", "est-ffn",
+                    "est-default", "--seeds", "0", "--root", str(tmp_path / "runs")]) == 0
+    after = json.loads((common.RESULTS / "forces.json").read_text())
+    for key in ("data_manifest", "data_manifest_check", "wall_s"):
+        assert after[key] == stored[key], key
+    assert {m: [r["metrics"] for r in recs] for m, recs in after["runs"]["ethanol"].items()} == {
+        m: [r["metrics"] for r in recs] for m, recs in stored["runs"]["ethanol"].items()} and "data_checks" not in after
+    assert "EST default" in after["tables"]["forces-ethanol"]  # the stored runs rendered, none run here
+    monkeypatch.setattr(common, "launch", lambda *a, **kw: pytest.fail("launched a run on another data set"))
+    monkeypatch.setattr(sf, "step_costs", lambda *a, **kw: pytest.fail("calibrated on another data set"))
+    with pytest.raises(SystemExit, match="ethanol's set .* train energy_mean_eV: -309.58 -> -300.0"):
+        sf.main(["--data-dir", str(data), "--molecules", "ethanol", "--models", "est-ffn", "--seeds", "0",
+                 "--root", str(tmp_path / "runs")])
