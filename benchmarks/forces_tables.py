@@ -132,10 +132,11 @@ def frames_table(per_model: dict[str, list[dict]]) -> str:
 
 def _reference_note(models) -> str:
     """``"; rows on the 18 x 18 grid ..."`` for each reference other than est-ffn that one of ``models`` (names,
-    or a dict keyed by them) has."""
-    refs = {r: REFERENCE_WORDS[r.removeprefix(REFERENCE)] for r in map(reference_of, models) if r != REFERENCE}
-    return "".join(f"; rows {words} are read against est's EquiformerV2 {words} (`{r}` itself against `{REFERENCE}`)"
-                   for r, words in refs.items())
+    or a dict keyed by them) has, in ``REFERENCE_WORDS``' order (not the models': a set's order moves between
+    processes)."""
+    refs = {reference_of(m) for m in models}
+    return "".join(f"; rows {words} are read against est's EquiformerV2 {words} (`{REFERENCE + suffix}` itself "
+                   f"against `{REFERENCE}`)" for suffix, words in REFERENCE_WORDS.items() if REFERENCE + suffix in refs)
 
 
 def _verdict(ratios: list[float], bound: float) -> str:

@@ -400,8 +400,8 @@ def main(argv=None) -> int:
         payload["data_manifest"] = manifest
     if checked:
         payload["data_checks"] = {**(stored or {}).get("data_checks", {}), **check_record(checked)}
-    # what the stored file holds beyond this call's fields (notes, the last run's wall_s) stays
-    payload = {**{k: v for k, v in (stored or {}).items() if k not in payload}, **payload}
+    # what the stored file holds beyond this call's fields (notes, the last run's wall_s) stays, in its order
+    payload = {k: payload.get(k, v) for k, v in (stored or {}).items()} | payload
     if args.quick:
         path = root / "forces.json"
         path.write_text(json.dumps(payload, indent=1, default=str))

@@ -714,3 +714,12 @@ def test_study_rerenders_without_losing_provenance_and_refuses_other_data_before
     with pytest.raises(SystemExit, match="ethanol's set .* train energy_mean_eV: -309.58 -> -300.0"):
         sf.main(["--data-dir", str(data), "--molecules", "ethanol", "--models", "est-ffn", "--seeds", "0",
                  "--root", str(tmp_path / "runs")])
+
+
+def test_reference_notes_keep_one_order_whatever_the_models_order(ft):
+    """The tables' captions are rendered into docs/results.md: their order must not follow a set's order."""
+    models = ["est-default-lr1e-3", "est-default-g18-l6", "est-default-g18", "est-default"]
+    notes = {ft._reference_note(order) for order in (models, models[::-1], set(models))}
+    assert len(notes) == 1
+    (note,) = notes
+    assert note.index("on the 18 x 18 grid are") < note.index("at L = 6") < note.index("at learning rate 1e-3")
