@@ -114,17 +114,19 @@ def with_stored_rows(name: str, rows: list[dict], key: Callable[[dict], Any], *,
     return [r for r in stored.get("rows", []) if key(r) not in new] + list(rows)
 
 
-def save(name: str, payload: dict) -> Path:
-    """Write ``benchmarks/results/<name>.json`` with machine facts."""
+def save(name: str, payload: dict, *, machine: bool = True) -> Path:
+    """Write ``benchmarks/results/<name>.json`` with this machine's facts (``machine=False``: a re-rendering
+    that ran nothing here keeps the payload's own)."""
     RESULTS.mkdir(exist_ok=True)
     payload = dict(payload)
-    payload["machine"] = dict(
-        python=platform.python_version(),
-        torch=torch.__version__,
-        processor=platform.processor() or platform.machine(),
-        threads=torch.get_num_threads(),
-        cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-    )
+    if machine:
+        payload["machine"] = dict(
+            python=platform.python_version(),
+            torch=torch.__version__,
+            processor=platform.processor() or platform.machine(),
+            threads=torch.get_num_threads(),
+            cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        )
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(payload, indent=1, default=str))
     return path

@@ -392,10 +392,10 @@ def main(argv=None) -> int:
               f"{projection(results, FULL)}\n", flush=True)
     plots = plot_curves(results, (root if args.quick else common.RESULTS) / "plots", clock=args.clock)
     payload = dict(description=__doc__.split("\n\n")[0], shape=SHAPE, models=MODELS, budget=asdict(budget),
-                   seeds=sorted({r["seed"] for ms in results.values() for recs in ms.values() for r in recs}), clock=args.clock, data_dir=str(data_dir), mace_dtype=args.mace_dtype,
+                   seeds=sorted({r["seed"] for ms in results.values() for recs in ms.values() for r in recs}), clock=args.clock, mace_dtype=args.mace_dtype,
                    runs=results, step_costs=costs, tables=text)
-    if not args.tables_only:
-        payload["wall_s"] = time.perf_counter() - t0
+    if not args.tables_only:  # a re-rendering keeps the data folder, wall time and machine of the last run
+        payload.update(data_dir=str(data_dir), wall_s=time.perf_counter() - t0)
     if manifest:
         payload["data_manifest"] = manifest
     if checked:
@@ -406,7 +406,7 @@ def main(argv=None) -> int:
         path = root / "forces.json"
         path.write_text(json.dumps(payload, indent=1, default=str))
     else:
-        path = common.save("forces", payload)
+        path = common.save("forces", payload, machine=not args.tables_only)
     print(f"[forces] wrote {path} and {', '.join(map(str, plots))}", flush=True)
     return 0
 
