@@ -22,6 +22,8 @@ from forces_setup import molecule_dir
 SPLIT_EXACT = ("frames", "skipped_frames", "seed_sequence")
 SPLIT_CLOSE = ("energy_mean_eV", "energy_std_eV", "force_rms_eV_per_A")
 SET_RTOL = 1e-8
+#: a generation's settings, recorded with a molecule added from another generation where they differ
+GENERATION = ("method", "calculator", "config", "md", "versions")
 
 
 def molecule_manifest(data_dir: Path, molecule: str) -> tuple[Path, dict]:
@@ -76,8 +78,9 @@ def checked_manifest(stored: dict | None, data_dir: Path, molecules: list[str]) 
         if manifest is None:
             manifest = {**copy.deepcopy(current), "molecules": {}}
         old = manifest.setdefault("molecules", {}).get(molecule)
-        if old is None:
-            manifest["molecules"][molecule] = copy.deepcopy(entry)
+        if old is None:  # new here: with what of its generation's settings differs from the manifest's
+            differs = {k: current[k] for k in GENERATION if k in current and current[k] != manifest.get(k)}
+            manifest["molecules"][molecule] = copy.deepcopy(entry) | ({"generation": differs} if differs else {})
         elif diffs := set_differences(old, entry):
             raise SystemExit(f"[forces] {molecule}'s set in {data_dir} ({path}) is not the one the stored runs in "
                              f"benchmarks/results/forces.json trained on: {'; '.join(diffs)}. Fix: pass the "

@@ -628,16 +628,17 @@ def manifest_entry(frames: int = 20, energy: float = -309.58, force_rms: float =
     return {"relaxed": {"energy_eV": -309.99}, "splits": {"train": split, "test": {**split, "frames": 5}}}
 
 
-def generated_set(folder: Path, entries: dict[str, dict]) -> Path:
+def generated_set(folder: Path, entries: dict[str, dict], version: str = "0.4.0") -> Path:
     """``folder`` laid out like ``python -m est.data.xtb --out folder``: one folder per molecule (empty splits)
-    and ``manifest.json`` with ``entries``."""
+    and ``manifest.json`` with ``entries`` (generated with tblite ``version``)."""
     import json
 
     for molecule in entries:
         (folder / molecule / "train").mkdir(parents=True)
         (folder / molecule / "test").mkdir()
         (folder / molecule / "relaxed.npz").write_bytes(b"")
-    (folder / "manifest.json").write_text(json.dumps({"method": "GFN2-xTB", "molecules": entries}))
+    manifest = {"method": "GFN2-xTB", "versions": {"tblite": version}, "molecules": entries}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
     return folder
 
 
@@ -645,11 +646,13 @@ def test_provenance_reads_each_molecules_own_generation_and_accepts_the_same_set
     """A molecule folder linked into another generation's folder takes that generation's manifest; a set whose
     forces moved in the 11th digit is the stored set; the stored manifest is kept, new molecules are added."""
     data = generated_set(tmp_path / "xtb", {"ethanol": manifest_entry()})
-    other = generated_set(tmp_path / "xtb_asp", {"aspirin": manifest_entry(energy=-1077.15)})
+    other = generated_set(tmp_path / "xtb_asp", {"aspirin": manifest_entry(energy=-1077.15)}, version="0.5.0")
     (data / "aspirin").symlink_to(other / "aspirin")
     manifest, checked = fp.checked_manifest(None, data, ["ethanol", "aspirin"])
     assert manifest["method"] == "GFN2-xTB" and set(manifest["molecules"]) == {"ethanol", "aspirin"}
     assert manifest["molecules"]["aspirin"]["splits"]["train"]["energy_mean_eV"] == -1077.15
+    assert manifest["versions"] == {"tblite": "0.4.0"} and "generation" not in manifest["molecules"]["ethanol"]
+    assert manifest["molecules"]["aspirin"]["generation"] == {"versions": {"tblite": "0.5.0"}}  # its own settings
     assert checked == {"ethanol": str(data / "manifest.json"), "aspirin": str(other / "manifest.json")}
     stored = {"method": "GFN2-xTB", "note": "kept",
               "molecules": {"ethanol": manifest_entry(force_rms=0.98 * (1 + 1e-10)), "paracetamol": {}}}
@@ -695,8 +698,7 @@ def stored_study(fs, fc, common, data_manifest: dict) -> dict:
 def test_study_rerenders_without_losing_provenance_and_refuses_other_data_before_any_run(sf, fs, fc, monkeypatch,
                                                                                           tmp_path):
     """``--tables-only`` keeps the stored manifest, notes, data folder, machine and wall time (it ran nothing);
-    a run on a data folder holding another
-    ethanol set stops before anything is calibrated or launched."""
+    a run on a data folder holding another ethanol set stops before anything is calibrated or launched."""
     import json
 
     common = importlib.import_module("common")
