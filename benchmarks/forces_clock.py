@@ -153,7 +153,7 @@ def mace_step_cost(molecule: str, data_dir: Path, root: Path, budget: Budget, *,
         cfg = mb.MaceTrainConfig(seed=0, epochs=1, threads=1, batch_size=budget.batch_size, default_dtype=dtype,
                                  keep_freed_memory=keep_freed)
         mb.train(cfg, train_xyz=str(sub), test_xyz=None, valid_xyz=files["valid"], run_dir=str(Path(tmp) / "mace"))
-        times = [t for epoch in mb.epoch_step_times(Path(tmp) / "mace").values() for t in epoch][warmup:]
+        times = [t for epoch in mb.epoch_step_times(Path(tmp) / "mace") for t in epoch][warmup:]
     if len(times) < steps:
         raise RuntimeError(f"MACE logged {len(times) + warmup} step times, {warmup + steps} expected")
     t = statistics.median(times)

@@ -108,12 +108,10 @@ def test_force_metrics_definitions(mb):
         mb.force_metrics(e_pred, e_ref, [2, 3], f_pred, f_ref)
 
 
-def test_results_file_folds_a_resume(mb, tmp_path):
-    """The sequence a killed and resumed MACE run logs: epochs 0-2, restart at the epoch-2 checkpoint, 2-3."""
-    rows = [("eval", None, 0.5)] + [("opt", e, 1.0) for e in (0, 0, 1, 1, 2, 2)] \
-        + [("eval", 0, 0.1), ("eval", 1, 0.1), ("eval", 2, 0.1), ("eval", None, 0.5)] \
-        + [("opt", 2, 2.0), ("opt", 2, 2.0), ("eval", 2, 0.1), ("opt", 3, 2.0), ("opt", 3, 2.0), ("eval", 3, 0.1)]
-    res = tmp_path / "results"
+def write_results(run_dir, rows) -> None:
+    """MACE's results file of ``rows`` ``(mode, epoch, seconds)``: ``eval`` rows with a force MAE of
+    0.1 / (1 + epoch) eV/A (0.2 before training)."""
+    res = run_dir / "results"
     res.mkdir()
     with open(res / "mace_run-0_train.txt", "w") as f:
         for mode, epoch, t in rows:
@@ -121,13 +119,58 @@ def test_results_file_folds_a_resume(mb, tmp_path):
             if mode == "eval":
                 r.update(mae_e_per_atom=0.01, mae_f=0.2 if epoch is None else 0.1 / (1 + (epoch or 0)))
             f.write(json.dumps(r) + "\n")
+
+
+#: a run killed in epoch 3 after checkpointing epoch 2: epochs 0-2 done, epoch 3 begun
+KILLED = [("eval", None, 0.5)] + [("opt", e, 1.0) for e in (0, 0, 1, 1, 2, 2)] \
+    + [("eval", 0, 0.1), ("eval", 1, 0.1), ("eval", 2, 0.1), ("opt", 3, 1.0)]
+
+
+def test_results_file_counts_the_epoch_a_plain_mace_restart_trains_twice(mb, tmp_path):
+    """MACE restarted on its epoch-2 checkpoint trains epoch 2 again from weights that went through it: the
+    curve counts every step the weights saw (epoch 2 twice), not the killed start's epoch 3."""
+    write_results(tmp_path, KILLED + [("eval", None, 0.5), ("opt", 2, 2.0), ("opt", 2, 2.0), ("eval", 2, 0.1),
+                                      ("opt", 3, 2.0), ("opt", 3, 2.0), ("eval", 3, 0.1)])
     curve = mb.learning_curve(tmp_path)
-    assert [c["epoch"] for c in curve] == [0, 1, 2, 3]
-    assert [c["steps"] for c in curve] == [2, 4, 6, 8]
-    assert [c["opt_seconds"] for c in curve] == [2.0, 4.0, 8.0, 12.0]  # epoch 2 counted once, as rerun
+    assert [c["epoch"] for c in curve] == [0, 1, 2, 2, 3]
+    assert [c["steps"] for c in curve] == [2, 4, 6, 8, 10]
+    assert [c["opt_seconds"] for c in curve] == [2.0, 4.0, 6.0, 10.0, 14.0]
     assert curve[-1]["forces_mae_meV_A"] == pytest.approx(25.0)
     t = mb.epoch_timing(tmp_path)
-    assert t == {"epochs_run": 4, "steps_per_epoch": 2, "opt_s_per_epoch_median": 3.0, "opt_s_total": 12.0}
+    assert t == {"epochs_run": 5, "steps_per_epoch": 2, "opt_s_per_epoch_median": 2.0, "opt_s_total": 14.0}
+    assert mb.epoch_step_times(tmp_path) == [[1.0, 1.0]] * 3 + [[2.0, 2.0]] * 2
+
+
+def checkpoint(folder, epoch: int, payload: bytes = b"weights"):
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"mace_run-0_epoch-{epoch}.pt"
+    path.write_bytes(payload)
+    return path
+
+
+def test_resume_starts_after_the_checkpoint_once_and_the_curve_counts_each_epoch_once(mb, tmp_path):
+    """The latest checkpoint moves to the next epoch once (a second resume before a newer checkpoint leaves it,
+    a newer one MACE writes, even under the renamed name, moves); the folded curve of a renamed resume has
+    each epoch once and drops the killed start's unfinished epoch."""
+    ck = tmp_path / "checkpoints"
+    assert mb.resume_after_checkpoint(tmp_path) is None  # nothing to resume
+    checkpoint(ck, 1)
+    checkpoint(ck, 2)
+    assert mb.resume_after_checkpoint(tmp_path) == "mace_run-0_epoch-3.pt"
+    assert sorted(p.name for p in ck.glob("*.pt")) == ["mace_run-0_epoch-1.pt", "mace_run-0_epoch-3.pt"]
+    assert mb.resume_after_checkpoint(tmp_path) is None  # killed again before a new checkpoint: stays
+    write_results(tmp_path, KILLED + [("eval", None, 0.5), ("opt", 3, 2.0), ("opt", 3, 2.0), ("eval", 3, 0.1)])
+    curve = mb.learning_curve(tmp_path)
+    assert [c["epoch"] for c in curve] == [0, 1, 2, 3] and [c["steps"] for c in curve] == [2, 4, 6, 8]
+    assert [c["opt_seconds"] for c in curve] == [2.0, 4.0, 6.0, 10.0]
+    import os
+    import time
+
+    later = time.time_ns() + 10**9
+    path = checkpoint(ck, 3, b"weights after epoch 3")  # MACE saves epoch 3 under the renamed file's name
+    os.utime(path, ns=(later, later))
+    assert mb.resume_after_checkpoint(tmp_path) == "mace_run-0_epoch-4.pt"
+    assert [r["epoch"] for r in json.loads((ck / mb.RESUME_NOTE).read_text())["renamed"]] == [3, 4]
 
 
 def test_train_config_and_arguments(mb):

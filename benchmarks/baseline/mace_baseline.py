@@ -64,8 +64,14 @@ Caveats (MACE 0.3.16 behaviour, seen here):
   E0 fit is rank one: MACE's least-squares answer splits the mean energy over
   the elements arbitrarily (minimum norm); only the sum per molecule is right.
 * The checkpoint MACE keeps (and ``--restart_latest`` resumes from) is the
-  epoch with the lowest validation loss, saved with the EMA weights; a resumed
-  run redoes the epochs after it and continues from those weights.
+  epoch with the lowest validation loss, saved with the EMA weights. MACE
+  restarts *at* the checkpoint's epoch, so a plain restart trains that epoch a
+  second time on weights that have already seen it: one extra epoch per
+  restart. :func:`train` renames the checkpoint to the next epoch before it
+  resumes (:func:`resume_after_checkpoint`), so a resumed run redoes only the
+  epochs after it, whose work the checkpoint does not hold; the learning
+  curve counts every optimiser step the weights saw, a redone epoch of a run
+  resumed the plain way twice (:func:`learning_curve`).
 * e3nn 0.4.4 loads its constants with ``torch.load``; on torch >= 2.6 that
   needs ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, which ``import mace`` sets, so
   import mace before e3nn in the MACE venv.
@@ -76,6 +82,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -100,6 +107,9 @@ RUN_NAME = "mace"
 TRAIN_RECORD = "est_train.json"
 #: config fields a rerun may change: more epochs continue from the latest checkpoint
 _RESUMABLE = ("epochs", "threads", "keep_freed_memory")
+#: in ``RUN_DIR/checkpoints``: the checkpoints :func:`resume_after_checkpoint` renamed
+RESUME_NOTE = "est_resume.json"
+_CHECKPOINT = re.compile(r"^(?P<tag>.+)_epoch-(?P<epoch>\d+)(?P<swa>_swa)?\.pt$")
 
 
 # ----------------------------------------------------------------------------- environment
@@ -338,6 +348,7 @@ def train(cfg: MaceTrainConfig, *, train_xyz: str, test_xyz: Optional[str], run_
     if record.get("finished") and model.exists() and old.get("epochs", 0) >= cfg.epochs:
         return record
     files = [str(Path(p).resolve()) if p else None for p in (train_xyz, test_xyz, valid_xyz)]
+    resume_after_checkpoint(run)
     argv = [str(venv_python()), "-m", "mace.cli.run_train",
             *train_argv(cfg, train_xyz=files[0], test_xyz=files[1], run_dir=str(run), valid_xyz=files[2])]
     t0, cpu0 = time.perf_counter(), _children_cpu()
@@ -358,6 +369,36 @@ def train(cfg: MaceTrainConfig, *, train_xyz: str, test_xyz: Optional[str], run_
     tmp.write_text(json.dumps(record, indent=1))
     os.replace(tmp, record_path)
     return record
+
+
+def resume_after_checkpoint(run_dir: str | os.PathLike) -> Optional[str]:
+    """Rename MACE's latest checkpoint ``<tag>_epoch-N.pt`` to ``epoch-(N+1)``, so that ``--restart_latest``
+    starts with the epoch after it instead of training epoch N again; returns the new name (None: no checkpoint,
+    or this one was renamed already).
+
+    The rename is noted (name, size, modification time; ``RUN_DIR/checkpoints/est_resume.json``, with every
+    earlier rename): a run killed again before MACE saves a newer checkpoint restarts from the same renamed file,
+    which must not move again (that would skip an epoch). MACE overwriting the file under the same name changes
+    its modification time, so it is renamed at the next resume."""
+    folder = Path(run_dir) / "checkpoints"
+    found = [(int(m["epoch"]), path, m) for path in folder.glob("*.pt") if (m := _CHECKPOINT.match(path.name))]
+    if not found:
+        return None
+    epoch, path, m = max(found, key=lambda f: f[0])
+    note_path = folder / RESUME_NOTE
+    note = json.loads(note_path.read_text()) if note_path.exists() else {"renamed": []}
+    st = path.stat()
+    if note["renamed"] and note["renamed"][-1]["to"] == path.name and \
+            note["renamed"][-1]["mtime_ns"] == st.st_mtime_ns and note["renamed"][-1]["size"] == st.st_size:
+        return None
+    new = path.with_name(f"{m['tag']}_epoch-{epoch + 1}{m['swa'] or ''}.pt")
+    os.replace(path, new)  # keeps size and modification time
+    note["renamed"].append({"from": path.name, "to": new.name, "epoch": epoch + 1, "size": st.st_size,
+                            "mtime_ns": st.st_mtime_ns})
+    tmp = note_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(note, indent=1))
+    os.replace(tmp, note_path)
+    return new.name
 
 
 def _children_cpu() -> float:
@@ -401,14 +442,19 @@ def _results_rows(run_dir: str | os.PathLike) -> List[Dict[str, Any]]:
     return rows
 
 
-def _epochs(run_dir: str | os.PathLike) -> Dict[int, Dict[str, Any]]:
-    """Per epoch: the optimiser steps' seconds and the validation row, resumes folded in.
+def _epochs(run_dir: str | os.PathLike) -> List[Dict[str, Any]]:
+    """The epochs the final weights went through, in training order: ``{"epoch", "opt" (seconds of each
+    optimiser step), "eval" (the validation row or None)}``, resumes folded in.
 
-    Each MACE start logs one validation row with ``epoch`` None first; a resumed
-    start then redoes epochs from its checkpoint on, so the rows of those epochs
-    from the earlier start are dropped.
+    Each MACE start logs one validation row with ``epoch`` None first. A resumed start loads the checkpoint of
+    epoch c and begins at epoch e: c = e - 1 when :func:`resume_after_checkpoint` renamed it (noted in
+    ``checkpoints/est_resume.json``), else c = e (MACE's own restart, which trains epoch c again). The earlier
+    starts' epochs after c are dropped (their work is not in the checkpoint); epochs up to c stay, so an epoch
+    trained twice is listed twice.
     """
-    epochs: Dict[int, Dict[str, Any]] = {}
+    note = Path(run_dir) / "checkpoints" / RESUME_NOTE
+    renamed = {r["epoch"] for r in json.loads(note.read_text())["renamed"]} if note.exists() else set()
+    epochs: List[Dict[str, Any]] = []
     new_start = False
     for r in _results_rows(run_dir):
         mode, e = r.get("mode"), r.get("epoch")
@@ -417,28 +463,33 @@ def _epochs(run_dir: str | os.PathLike) -> Dict[int, Dict[str, Any]]:
             continue
         e = int(e)
         if new_start and mode == "opt":
-            for k in [k for k in epochs if k >= e]:
-                del epochs[k]
+            checkpoint = e - 1 if e in renamed else e
+            epochs = [row for row in epochs if row["epoch"] <= checkpoint]
+            epochs.append({"epoch": e, "opt": [], "eval": None})
             new_start = False
-        row = epochs.setdefault(e, {"opt": [], "eval": None})
+        elif mode == "opt" and (not epochs or epochs[-1]["epoch"] != e):
+            epochs.append({"epoch": e, "opt": [], "eval": None})
         if mode == "opt":
-            row["opt"].append(float(r["time"]))
-        elif mode == "eval":
-            row["eval"] = r
-    return dict(sorted(epochs.items()))
+            epochs[-1]["opt"].append(float(r["time"]))
+        elif mode == "eval":  # the latest listing of its epoch
+            row = next((row for row in reversed(epochs) if row["epoch"] == e), None)
+            if row is not None:
+                row["eval"] = r
+    return epochs
 
 
-def epoch_step_times(run_dir: str | os.PathLike) -> Dict[int, List[float]]:
-    """MACE's wall seconds of each optimiser step, by epoch (resumed epochs folded in as in :func:`_epochs`)."""
-    return {e: v["opt"] for e, v in _epochs(run_dir).items() if v["opt"]}
+def epoch_step_times(run_dir: str | os.PathLike) -> List[List[float]]:
+    """MACE's wall seconds of each optimiser step, per epoch in training order (resumes folded in as in
+    :func:`_epochs`)."""
+    return [v["opt"] for v in _epochs(run_dir) if v["opt"]]
 
 
 def epoch_timing(run_dir: str | os.PathLike) -> Dict[str, Any]:
     """Optimiser seconds per epoch (the sum of MACE's per-step wall ``time``) and steps per epoch."""
-    secs = [sum(v["opt"]) for v in _epochs(run_dir).values() if v["opt"]]
+    secs = [sum(v["opt"]) for v in _epochs(run_dir) if v["opt"]]
     if not secs:
         return {}
-    first = next(v for v in _epochs(run_dir).values() if v["opt"])
+    first = next(v for v in _epochs(run_dir) if v["opt"])
     return {"epochs_run": len(secs), "steps_per_epoch": len(first["opt"]),
             "opt_s_per_epoch_median": round(float(np.median(secs)), 3), "opt_s_total": round(float(sum(secs)), 3)}
 
@@ -448,10 +499,11 @@ def learning_curve(run_dir: str | os.PathLike) -> List[Dict[str, float]]:
 
     Rows ``{"epoch", "steps", "opt_seconds", "energy_mae_meV_atom", "forces_mae_meV_A"}``
     from MACE's results file; ``opt_seconds`` sums the per-step wall times (no
-    start-up, evaluation or redone epochs of a resumed run).
+    start-up or evaluation; of a resumed run the steps the final weights went through, :func:`_epochs`).
     """
     steps, secs, rows = 0, 0.0, []
-    for e, v in _epochs(run_dir).items():
+    for v in _epochs(run_dir):
+        e = v["epoch"]
         steps += len(v["opt"])
         secs += sum(v["opt"])
         r = v["eval"]
