@@ -341,7 +341,11 @@ def main(argv=None) -> int:
         return stored.get("budget") == asdict(budget) and stored.get("mace_dtype") == args.mace_dtype
 
     stored = None if args.quick else common.load("forces")
-    stored = stored if stored and compatible(stored) else None
+    if stored and not compatible(stored):  # one study per results file: never overwritten by another's runs
+        raise SystemExit(f"[forces] benchmarks/results/forces.json holds runs of another budget or MACE precision "
+                         f"(budget {stored.get('budget')}, mace_dtype {stored.get('mace_dtype')}; asked "
+                         f"{asdict(budget)}, {args.mace_dtype}). Fix: the stored study's flags, --quick, or move the "
+                         "file away to start a new study")
     manifest, checked = (stored or {}).get("data_manifest"), {}
     if not args.tables_only:
         check_budget(root, budget)
@@ -370,6 +374,11 @@ def main(argv=None) -> int:
                                                  *(["--md-ps", str(args.md_ps)] if args.md_ps is not None else [])],
                       run_dir=lambda job: run_dir(root, *job), parallel=args.jobs, tag="forces")
     results = common.load_results(jobs, lambda job: run_dir(root, *job))
+    other = [f"{r['molecule']}/{r['model']}/seed {r['seed']}" for ms in results.values() for recs in ms.values()
+             for r in recs if r.get("budget", asdict(budget)) != asdict(budget)]
+    if other:  # --tables-only does not check ROOT/budget.json: a record must not be relabelled with this budget
+        raise SystemExit(f"[forces] runs in {root} of another budget than asked ({', '.join(other)}). Fix: the flags "
+                         "they ran with (--md-ps, --quick) or another --root")
     if not args.quick:  # runs of the other molecules, models and seeds already in forces.json stay (and render)
         results = common.merge_runs("forces", results, compatible=compatible)
     costs = {}

@@ -727,3 +727,40 @@ def test_reference_notes_keep_one_order_whatever_the_models_order(ft):
     assert len(notes) == 1
     (note,) = notes
     assert note.index("on the 18 x 18 grid are") < note.index("at L = 6") < note.index("at learning rate 1e-3")
+
+
+def test_mace_step_cost_is_cpu_seconds_on_a_busy_core(fs, fc, monkeypatch, tmp_path, capsys):
+    """MACE logs wall seconds per step: timed while another process shares its core (half its wall time on
+    the CPU), its cost is scaled to CPU seconds like the est models' and the timing is flagged."""
+    monkeypatch.setattr(fc, "mace_files", lambda *a, **k: {"valid": "v.xyz"})
+    monkeypatch.setattr(fc, "molecule_dir", lambda *a, **k: tmp_path)
+    monkeypatch.setattr(fc.mb, "export_xyz", lambda *a, **k: None)
+    monkeypatch.setattr(fc.mb, "epoch_step_times", lambda run: [[9.0, 9.0, 9.0], [4.0] * 12])
+    for cpu_s, share in ((50.0, 0.5), (100.0, 1.0)):
+        monkeypatch.setattr(fc.mb, "train", lambda *a, cpu_s=cpu_s, **k: {"cpu_s": cpu_s, "wall_s": 100.0})
+        cost = fc.mace_step_cost("ethanol", tmp_path, tmp_path, fs.FULL)
+        assert (cost["wall_s"], cost["cpu_s"], cost["cpu_share"]) == (4.0, 4.0 * share, share)
+        assert ("MACE had 50% of a core" in capsys.readouterr().out) == (share < 0.9)
+
+
+def test_study_refuses_to_overwrite_or_relabel_another_budgets_runs(sf, fs, fc, monkeypatch, tmp_path):
+    """A results file of another budget is not overwritten by this call's runs, and a run folder's record of
+    another budget is not rendered as this budget's (``--tables-only`` does not read ROOT/budget.json)."""
+    import json
+
+    common = importlib.import_module("common")
+    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(common, "launch", lambda *a, **kw: pytest.fail("launched"))
+    stored_study(fs, fc, common, {})
+    args = ["--data-dir", str(tmp_path), "--molecules", "ethanol", "--models", "est-ffn", "--seeds", "0",
+            "--root", str(tmp_path / "runs")]
+    with pytest.raises(SystemExit, match="forces.json holds runs of another budget.*move the file away"):
+        sf.main([*args, "--md-ps", "5"])
+    with pytest.raises(SystemExit, match="another budget or MACE precision"):
+        sf.main([*args, "--tables-only", "--mace-dtype", "float32"])
+    rd = fs.run_dir(tmp_path / "runs", "ethanol", "est-ffn", 0)
+    rd.mkdir(parents=True)
+    rec = record("est-ffn", 0, 10.0, curve(2.0, [30.0, 20.0, 10.0])) | {"molecule": "ethanol", "budget": {"md_ps": 5.0}}
+    (rd / "result.json").write_text(json.dumps(rec))
+    with pytest.raises(SystemExit, match="another budget than asked \\(ethanol/est-ffn/seed 0\\)"):
+        sf.main([*args, "--tables-only"])

@@ -71,7 +71,9 @@ Caveats (MACE 0.3.16 behaviour, seen here):
   resumes (:func:`resume_after_checkpoint`), so a resumed run redoes only the
   epochs after it, whose work the checkpoint does not hold; the learning
   curve counts every optimiser step the weights saw, a redone epoch of a run
-  resumed the plain way twice (:func:`learning_curve`).
+  resumed the plain way twice (:func:`learning_curve`). A restart also starts
+  MACE's best-loss tracking afresh, so a resumed run's final model is its best
+  checkpoint since the last restart.
 * e3nn 0.4.4 loads its constants with ``torch.load``; on torch >= 2.6 that
   needs ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, which ``import mace`` sets, so
   import mace before e3nn in the MACE venv.
