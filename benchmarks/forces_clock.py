@@ -246,7 +246,7 @@ def time_budget(root: Path, molecule: str, model: str, data_dir: Path, budget: B
     "reference_step_cost_s"}``, ``steps`` = :func:`timed_steps` from the root's step costs (calibrated
     if missing), ``seconds`` = the reference's (:func:`reference_of`) ``budget.steps`` x its step cost."""
     def compute() -> dict[str, Any]:
-        ref_model = reference_of(model)
+        ref_model = cost_model(reference_of(model))  # the cost its curve is charged
         costs = step_costs(root, molecule, list(dict.fromkeys([REFERENCE, ref_model, cost_model(model)])), data_dir, budget)
         ref = costs[ref_model]["cpu_s"]
         return {"steps": timed_steps(costs, model, budget), "seconds": budget.steps * ref,

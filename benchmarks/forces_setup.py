@@ -228,8 +228,10 @@ def label(model: str) -> str:
 
 def timed_steps(costs: dict[str, dict[str, Any]], model: str, budget: Budget) -> int:
     r"""Steps of ``model`` that cost what ``budget.steps`` of its reference (:func:`reference_of`) cost:
-    :math:`\mathrm{round}(n\,c_\mathrm{ref} / c_\mathrm{model})` with the step costs ``c`` (CPU seconds)."""
-    return max(1, round(budget.steps * costs[reference_of(model)]["cpu_s"] / costs[cost_model(model)]["cpu_s"]))
+    :math:`\mathrm{round}(n\,c_\mathrm{ref} / c_\mathrm{model})` with the step costs ``c`` (CPU seconds) each is
+    charged on the curves (:func:`cost_model`: a learning-rate variant is charged its model's)."""
+    return max(1, round(budget.steps * costs[cost_model(reference_of(model))]["cpu_s"]
+                        / costs[cost_model(model)]["cpu_s"]))
 
 
 def run_dir(root: Path, molecule: str, model: str, seed: int) -> Path:

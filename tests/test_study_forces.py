@@ -764,3 +764,11 @@ def test_study_refuses_to_overwrite_or_relabel_another_budgets_runs(sf, fs, fc, 
     (rd / "result.json").write_text(json.dumps(rec))
     with pytest.raises(SystemExit, match="another budget than asked \\(ethanol/est-ffn/seed 0\\)"):
         sf.main([*args, "--tables-only"])
+
+
+def test_time_runs_of_a_learning_rate_variant_take_the_costs_their_curves_are_charged(fs):
+    """``est-default-lr1e-3@time`` against ``est-ffn-lr1e-3``: both are charged their model's step cost (the
+    learning rate does not change a step), so its budget needs no cost of the variants themselves."""
+    costs = {"est-ffn": {"cpu_s": 2.0}, "est-default": {"cpu_s": 2.5}, "est-ffn-lr1e-3": {"cpu_s": 9.0}}
+    assert fs.timed_steps(costs, "est-default-lr1e-3" + fs.TIME_SUFFIX, fs.FULL) == round(fs.FULL.steps * 2.0 / 2.5)
+    assert fs.timed_steps(costs, "est-default" + fs.TIME_SUFFIX, fs.FULL) == round(fs.FULL.steps * 2.0 / 2.5)
