@@ -143,10 +143,11 @@ def mace_step_cost(molecule: str, data_dir: Path, root: Path, budget: Budget, *,
     from one epoch of ``run_train`` with the study's config and batch size on the first ``(warmup + steps) x
     batch`` training frames, in a temporary folder (the study's runs are not touched), glibc keeping freed
     memory (:data:`ALLOCATOR`) as the est models do (``keep_freed=False``: glibc's default, ``"glibc
-    default"``). MACE logs wall seconds per step; on one thread of a quiet machine they are its CPU seconds,
-    and where other work time-slices the core they are taken times the MACE process's CPU share of its wall
-    time over the call (``cpu_share``, 1 on a quiet machine; a warning below 0.9), as :func:`run_mace`'s curves
-    are: the est models' costs are CPU seconds."""
+    default"``). MACE logs wall seconds per step; on one thread of a quiet machine they are its CPU seconds
+    (the est models' costs are CPU seconds). The MACE process's CPU share of its wall time over the call is
+    recorded (``cpu_share``; start-up reads files, so a little under 1 on a quiet machine); below 0.9 other
+    work was time-slicing the core: the step is then charged its wall time times that share, as
+    :func:`run_mace`'s curves are, with a warning (pause other work for a clean timing)."""
     import tempfile
 
     files = mace_files(data_dir, molecule, root, budget)
@@ -165,7 +166,7 @@ def mace_step_cost(molecule: str, data_dir: Path, root: Path, budget: Budget, *,
     if share < 0.9:
         print(f"[forces] {molecule}: MACE had {share:.0%} of a core while timed; its step cost is scaled by that. "
               "Pause other work for a clean timing", flush=True)
-    return {"cpu_s": t * share, "wall_s": t, "cpu_share": round(share, 3), "steps": len(times),
+    return {"cpu_s": t * share if share < 0.9 else t, "wall_s": t, "cpu_share": round(share, 3), "steps": len(times),
             "allocator": ALLOCATOR if keep_freed else "glibc default",
             "source": f"MACE run_train, {dtype}, median of {len(times)} steps"}
 
