@@ -132,12 +132,14 @@ def save(name: str, payload: dict, *, machine: bool = True) -> Path:
     return path
 
 
-def merge_runs(name: str, runs: dict[str, dict[str, list[dict]]], *, compatible) -> dict[str, dict[str, list[dict]]]:
+def merge_runs(name: str, runs: dict[str, dict[str, list[dict]]], *, compatible,
+               stored: dict | None = None) -> dict[str, dict[str, list[dict]]]:
     """``runs`` (``{group: {model: [record, ...]}}``, records with a ``"seed"``) merged into the runs stored
     in ``benchmarks/results/<name>.json``, so that a call with a subset of the models or seeds does not drop
     the others: a stored (group, model, seed) this call did not produce is kept, one it did produce is
-    replaced. Nothing is kept unless ``compatible(stored_payload)`` (same options and budget)."""
-    stored = load(name) or {}
+    replaced. Nothing is kept unless ``compatible(stored_payload)`` (same options and budget). ``stored``: that
+    payload when the caller has loaded it already."""
+    stored = stored if stored is not None else load(name) or {}
     if not stored or not compatible(stored):
         return runs
     merged = {g: {m: list(recs) for m, recs in models.items()} for g, models in stored.get("runs", {}).items()}

@@ -380,7 +380,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"[forces] runs in {root} of another budget than asked ({', '.join(other)}). Fix: the flags "
                          "they ran with (--md-ps, --quick) or another --root")
     if not args.quick:  # runs of the other molecules, models and seeds already in forces.json stay (and render)
-        results = common.merge_runs("forces", results, compatible=compatible)
+        results = common.merge_runs("forces", results, compatible=compatible, stored=stored or {})
     costs = {}
     for molecule, per_model in results.items():
         timed = sorted({cost_model(m) for m in per_model if m != MACE or mb.available()})  # MACE: timed in its venv

@@ -367,9 +367,7 @@ def train(cfg: MaceTrainConfig, *, train_xyz: str, test_xyz: Optional[str], run_
     record["finished"] = True
     record.update(epoch_timing(run))
     record["curve"] = learning_curve(run)
-    tmp = record_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, record_path)
+    _write_atomic(record_path, json.dumps(record, indent=1))
     return record
 
 
@@ -397,10 +395,15 @@ def resume_after_checkpoint(run_dir: str | os.PathLike) -> Optional[str]:
     os.replace(path, new)  # keeps size and modification time
     note["renamed"].append({"from": path.name, "to": new.name, "epoch": epoch + 1, "size": st.st_size,
                             "mtime_ns": st.st_mtime_ns})
-    tmp = note_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(note, indent=1))
-    os.replace(tmp, note_path)
+    _write_atomic(note_path, json.dumps(note, indent=1))
     return new.name
+
+
+def _write_atomic(path: str | os.PathLike, text: str) -> None:
+    """``text`` into ``path`` through a temporary file beside it: a reader never sees half a file."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    Path(tmp).write_text(text)
+    os.replace(tmp, path)
 
 
 def _children_cpu() -> float:
@@ -488,11 +491,11 @@ def epoch_step_times(run_dir: str | os.PathLike) -> List[List[float]]:
 
 def epoch_timing(run_dir: str | os.PathLike) -> Dict[str, Any]:
     """Optimiser seconds per epoch (the sum of MACE's per-step wall ``time``) and steps per epoch."""
-    secs = [sum(v["opt"]) for v in _epochs(run_dir) if v["opt"]]
-    if not secs:
+    trained = [v["opt"] for v in _epochs(run_dir) if v["opt"]]
+    if not trained:
         return {}
-    first = next(v for v in _epochs(run_dir) if v["opt"])
-    return {"epochs_run": len(secs), "steps_per_epoch": len(first["opt"]),
+    secs = [sum(opt) for opt in trained]
+    return {"epochs_run": len(secs), "steps_per_epoch": len(trained[0]),
             "opt_s_per_epoch_median": round(float(np.median(secs)), 3), "opt_s_total": round(float(sum(secs)), 3)}
 
 
@@ -680,11 +683,9 @@ def nve_md(atoms, calc, *, steps: int, timestep_fs: float = 0.5, temperature_K: 
         return spent[0] + time.perf_counter() - t0, spent[1] + time.process_time() - c0
 
     def save() -> None:
-        tmp = f"{checkpoint}.tmp-{os.getpid()}"
-        Path(tmp).write_text(json.dumps({"key": key, "done": int(md.nsteps), "positions": a.get_positions().tolist(),
-                                         "momenta": a.get_momenta().tolist(), "t_ps": t_ps, "etot": etot,
-                                         "stretch": stretch, "spent": list(elapsed())}))
-        os.replace(tmp, checkpoint)
+        _write_atomic(checkpoint, json.dumps({"key": key, "done": int(md.nsteps), "positions": a.get_positions().tolist(),
+                                              "momenta": a.get_momenta().tolist(), "t_ps": t_ps, "etot": etot,
+                                              "stretch": stretch, "spent": list(elapsed())}))
 
     if checkpoint:
         Path(checkpoint).parent.mkdir(parents=True, exist_ok=True)
@@ -724,9 +725,7 @@ def _emit(result: Dict[str, Any], path: Optional[str]) -> None:
     print(text, flush=True)
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        Path(tmp).write_text(text)
-        os.replace(tmp, path)
+        _write_atomic(path, text)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
