@@ -340,19 +340,26 @@ def main(argv=None) -> int:
     def compatible(stored: dict) -> bool:  # runs of the same budget and MACE precision are merged
         return stored.get("budget") == asdict(budget) and stored.get("mace_dtype") == args.mace_dtype
 
-    stored = None if args.quick else common.load("forces")
-    if stored and not compatible(stored):  # one study per results file: never overwritten by another's runs
-        raise SystemExit(f"[forces] benchmarks/results/forces.json holds runs of another budget or MACE precision "
-                         f"(budget {stored.get('budget')}, mace_dtype {stored.get('mace_dtype')}; asked "
-                         f"{asdict(budget)}, {args.mace_dtype}). Fix: the stored study's flags, --quick, or move the "
-                         "file away to start a new study")
+    def load_stored() -> dict | None:  # one study per results file: never overwritten by another's runs
+        stored = None if args.quick else common.load("forces")
+        if stored and not compatible(stored):
+            raise SystemExit(f"[forces] benchmarks/results/forces.json holds runs of another budget or MACE "
+                             f"precision (budget {stored.get('budget')}, mace_dtype {stored.get('mace_dtype')}; "
+                             f"asked {asdict(budget)}, {args.mace_dtype}). Fix: the stored study's flags, --quick, "
+                             "or move the file away to start a new study")
+        return stored
+
+    def checked_data(manifest: dict | None) -> tuple[dict, dict[str, str]]:  # there, complete, stored (or new)
+        try:
+            return checked_manifest(manifest, data_dir, args.molecules)
+        except (FileNotFoundError, ValueError) as exc:
+            raise SystemExit(f"[forces] {exc}") from None
+
+    stored = load_stored()
     manifest, checked = (stored or {}).get("data_manifest"), {}
     if not args.tables_only:
         check_budget(root, budget)
-        try:  # before any run: each molecule's set is there, complete, and the stored runs' one (or new here)
-            manifest, checked = checked_manifest(manifest, data_dir, args.molecules)
-        except (FileNotFoundError, ValueError) as exc:
-            raise SystemExit(f"[forces] {exc}") from None
+        manifest, checked = checked_data(manifest)  # before any run: each molecule's set is the stored runs' one
         if MACE in args.models and not mb.available():
             print(f"[forces] {mb.MISSING} ({mb.venv_python()})", flush=True)
             jobs = [j for j in jobs if j[1] != MACE]
@@ -373,6 +380,9 @@ def main(argv=None) -> int:
                                                  *(["--quick"] if args.quick else []),
                                                  *(["--md-ps", str(args.md_ps)] if args.md_ps is not None else [])],
                       run_dir=lambda job: run_dir(root, *job), parallel=args.jobs, tag="forces")
+        # read again after the runs (hours): another driver may have merged its runs, or added a molecule, meanwhile
+        stored = load_stored()
+        manifest, checked = checked_data((stored or {}).get("data_manifest"))
     results = common.load_results(jobs, lambda job: run_dir(root, *job))
     other = [f"{r['molecule']}/{r['model']}/seed {r['seed']}" for ms in results.values() for recs in ms.values()
              for r in recs if r.get("budget", asdict(budget)) != asdict(budget)]

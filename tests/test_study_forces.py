@@ -720,6 +720,40 @@ def test_study_rerenders_without_losing_provenance_and_refuses_other_data_before
                  "--root", str(tmp_path / "runs")])
 
 
+def test_a_long_run_merges_with_the_results_file_as_it_is_when_the_run_ends(sf, fs, fc, monkeypatch, tmp_path):
+    """Two drivers share forces.json (one per core, hours each): the one that ends last keeps the runs and the
+    molecule the other merged while it trained, not the file it read when it started."""
+    import json
+    from dataclasses import asdict
+
+    common = importlib.import_module("common")
+    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(fc, "calibrate", lambda *a, **k: pytest.fail("re-timed"))
+    monkeypatch.setattr(sf.mb, "available", lambda: False)
+    stored_study(fs, fc, common, {"molecules": {"ethanol": manifest_entry()}})
+    data = generated_set(tmp_path / "xtb", {"ethanol": manifest_entry()})
+    root = tmp_path / "runs"
+
+    def launch(jobs, *, run_dir, **kw):  # this driver's run, while another merges its own and a new molecule
+        other = json.loads((common.RESULTS / "forces.json").read_text())
+        other["runs"]["ethanol"]["est-ffn"].append(record("est-ffn", 1, 11.0, curve(2.0, [31.0, 21.0, 11.0])))
+        other["data_manifest"]["molecules"]["aspirin"] = {"from": "the other driver"}
+        (common.RESULTS / "forces.json").write_text(json.dumps(other))
+        for job in jobs:
+            run_dir(job).mkdir(parents=True)
+            rec = record(job[1], job[2], 9.5, curve(2.0, [35.0, 23.0, 11.5])) | {"molecule": job[0]}
+            (run_dir(job) / "result.json").write_text(json.dumps(rec | {"budget": asdict(fs.FULL)}))
+
+    monkeypatch.setattr(common, "launch", launch)
+    assert sf.main(["--data-dir", str(data), "--molecules", "ethanol", "--models", "est-default", "--seeds", "1",
+                    "--root", str(root)]) == 0
+    after = json.loads((common.RESULTS / "forces.json").read_text())
+    seeds = {m: [r["seed"] for r in recs] for m, recs in after["runs"]["ethanol"].items()}
+    assert seeds == {"est-ffn": [0, 1], "est-default": [0, 1]}
+    assert after["data_manifest"]["molecules"]["aspirin"] == {"from": "the other driver"}
+    assert after["data_manifest"]["molecules"]["ethanol"] == manifest_entry() and "ethanol" in after["data_checks"]
+
+
 def test_reference_notes_keep_one_order_whatever_the_models_order(ft):
     """The tables' captions are rendered into docs/results.md: their order must not follow a set's order."""
     models = ["est-default-lr1e-3", "est-default-g18-l6", "est-default-g18", "est-default"]
