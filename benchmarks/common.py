@@ -115,8 +115,8 @@ def with_stored_rows(name: str, rows: list[dict], key: Callable[[dict], Any], *,
 
 
 def save(name: str, payload: dict, *, machine: bool = True) -> Path:
-    """Write ``benchmarks/results/<name>.json`` with this machine's facts (``machine=False``: a re-rendering
-    that ran nothing here keeps the payload's own)."""
+    """Write ``benchmarks/results/<name>.json`` (atomically) with this machine's facts (``machine=False``: a
+    re-rendering that ran nothing here keeps the payload's own)."""
     RESULTS.mkdir(exist_ok=True)
     payload = dict(payload)
     if machine:
@@ -128,7 +128,12 @@ def save(name: str, payload: dict, *, machine: bool = True) -> Path:
             cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         )
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(payload, indent=1, default=str))
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # renamed over it: a reader never sees half a file
+    try:
+        tmp.write_text(json.dumps(payload, indent=1, default=str))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 

@@ -109,6 +109,27 @@ def test_merge_runs_keeps_other_models_and_seeds(bench_modules, monkeypatch, tmp
     assert common.merge_runs("absent", new, compatible=lambda old: True) == new
 
 
+def test_results_file_is_never_left_half_written(bench_modules, monkeypatch, tmp_path):
+    """A write killed part-way (here: the disk fills) leaves the previous results file whole: drivers on other
+    cores read it back to merge their runs."""
+    import json
+
+    common = importlib.import_module("common")
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    common.save("forces", {"runs": {"ethanol": {}}}, machine=False)
+
+    def half_then_fail(self, text, *a, **k):
+        with open(self, "w") as f:
+            f.write(text[: len(text) // 2])
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", half_then_fail)
+    with pytest.raises(OSError, match="No space"):
+        common.save("forces", {"runs": {"ethanol": {"est-ffn": []}}}, machine=False)
+    assert json.loads((tmp_path / "forces.json").read_text()) == {"runs": {"ethanol": {}}}
+    assert [p.name for p in tmp_path.iterdir()] == ["forces.json"]  # no temporary file left
+
+
 def test_interrupted_accuracy_run_writes_no_result(bench_modules, monkeypatch, tmp_path):
     """A run stopped by SIGTERM must exit non-zero without a result.json (one was recorded at 57 of 225 steps)."""
     import est.train
