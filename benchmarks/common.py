@@ -128,13 +128,19 @@ def save(name: str, payload: dict, *, machine: bool = True) -> Path:
             cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         )
     path = RESULTS / f"{name}.json"
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # renamed over it: a reader never sees half a file
+    write_atomic(path, json.dumps(payload, indent=1, default=str))
+    return path
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """``text`` into ``path`` through a temporary file beside it, renamed over it: a reader (a driver on the
+    other core) never sees half a file, and a failed write leaves the old file and no temporary one."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps(payload, indent=1, default=str))
+        tmp.write_text(text)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    return path
 
 
 def merge_runs(name: str, runs: dict[str, dict[str, list[dict]]], *, compatible,

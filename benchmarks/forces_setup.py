@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,9 +245,7 @@ def cached(path: Path, compute: Callable[[], Any], *, require: str | None = None
         if require is None or require in value:
             return value
     value = compute()
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value, indent=1, default=float))
-    os.replace(tmp, path)
+    common.write_atomic(path, json.dumps(value, indent=1, default=float))
     return value
 
 
