@@ -12,6 +12,8 @@ from typing import Any, Callable
 
 import torch
 
+from est.data.cache import atomic_text
+
 RESULTS = Path(__file__).resolve().parent / "results"
 #: the studies' ``est-uncapped`` model: the EST default without its bound on the attention logits (the
 #: default before model defaults v2, est.models.config.MODEL_DEFAULTS_VERSION), and its label in the tables
@@ -128,19 +130,8 @@ def save(name: str, payload: dict, *, machine: bool = True) -> Path:
             cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         )
     path = RESULTS / f"{name}.json"
-    write_atomic(path, json.dumps(payload, indent=1, default=str))
+    atomic_text(path, json.dumps(payload, indent=1, default=str))
     return path
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """``text`` into ``path`` through a temporary file beside it, renamed over it: a reader (a driver on the
-    other core) never sees half a file, and a failed write leaves the old file and no temporary one."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def merge_runs(name: str, runs: dict[str, dict[str, list[dict]]], *, compatible,

@@ -10,6 +10,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from est.data.cache import atomic_text
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "baseline"))
@@ -245,7 +247,7 @@ def cached(path: Path, compute: Callable[[], Any], *, require: str | None = None
         if require is None or require in value:
             return value
     value = compute()
-    common.write_atomic(path, json.dumps(value, indent=1, default=float))
+    atomic_text(path, json.dumps(value, indent=1, default=float))
     return value
 
 

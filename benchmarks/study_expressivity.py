@@ -47,7 +47,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "baseline"))
 import mace_baseline as mb  # noqa: E402
-from common import RESULTS, markdown_table, print_table, write_atomic  # noqa: E402
+from common import RESULTS, markdown_table, print_table  # noqa: E402
+
+from est.data.cache import atomic_text  # noqa: E402
 
 OUT = RESULTS / "expressivity.json"
 #: separation at initialisation per cell (a file of its own: a training run in progress rewrites OUT)
@@ -237,7 +239,7 @@ def load(path: Path) -> dict:
 
 def save(data: dict, path: Path) -> None:
     path.parent.mkdir(exist_ok=True, parents=True)
-    write_atomic(path, json.dumps(data, indent=1))
+    atomic_text(path, json.dumps(data, indent=1))
 
 
 def update(path: Path, change, *, empty=empty_study) -> dict:

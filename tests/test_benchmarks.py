@@ -118,12 +118,33 @@ def test_results_file_is_never_left_half_written(bench_modules, monkeypatch, tmp
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     common.save("forces", {"runs": {"ethanol": {}}}, machine=False)
 
-    def half_then_fail(self, text, *a, **k):
-        with open(self, "w") as f:
-            f.write(text[: len(text) // 2])
-        raise OSError("No space left on device")
+    import io
 
-    monkeypatch.setattr(Path, "write_text", half_then_fail)
+    real_open = io.open
+
+    class HalfThenFail:  # any file opened for writing takes half of its first write, then the disk is full
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            self.f.write(data[: len(data) // 2])
+            self.f.flush()
+            raise OSError("No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    def failing_open(file, mode="r", *a, **k):  # Path.write_text and os.fdopen both open through io.open
+        f = real_open(file, mode, *a, **k)
+        return HalfThenFail(f) if any(c in mode for c in "wax") else f
+
+    monkeypatch.setattr(io, "open", failing_open)
     with pytest.raises(OSError, match="No space"):
         common.save("forces", {"runs": {"ethanol": {"est-ffn": []}}}, machine=False)
     assert json.loads((tmp_path / "forces.json").read_text()) == {"runs": {"ethanol": {}}}

@@ -401,7 +401,7 @@ def resume_after_checkpoint(run_dir: str | os.PathLike) -> Optional[str]:
 
 def _write_atomic(path: str | os.PathLike, text: str) -> None:
     """``text`` into ``path`` through a temporary file beside it: a reader never sees half a file, a failed write
-    leaves the old one. (``common.write_atomic`` on est's side; this module also runs in the MACE venv alone.)"""
+    leaves the old one. (``est.data.cache.atomic_text`` on est's side; this module also runs in the MACE venv, without est.)"""
     tmp = Path(f"{path}.tmp-{os.getpid()}")
     try:
         tmp.write_text(text)

@@ -54,7 +54,14 @@ def atomic_savez(path: str, **arrays: np.ndarray) -> None:
 
 def atomic_json(path: str, obj: Any) -> None:
     """``json.dump(obj)`` (indented) to ``path`` via a temporary file in the same folder + ``os.replace``."""
-    _atomic_write(path, ".json", lambda fh: fh.write(json.dumps(obj, indent=1).encode()))
+    atomic_text(path, json.dumps(obj, indent=1))
+
+
+def atomic_text(path: str | os.PathLike, text: str) -> None:
+    """``text`` (UTF-8) to ``path`` via a temporary file in the same folder + ``os.replace``: a reader (another
+    process merging into the same file) never sees half a file, and a failed write leaves the old file and no
+    temporary one."""
+    _atomic_write(os.fspath(path), os.path.splitext(path)[1], lambda fh: fh.write(text.encode()))
 
 
 def _atomic_write(path: str, suffix: str, write) -> None:
