@@ -119,7 +119,6 @@ def with_stored_rows(name: str, rows: list[dict], key: Callable[[dict], Any], *,
 def save(name: str, payload: dict, *, machine: bool = True) -> Path:
     """Write ``benchmarks/results/<name>.json`` (atomically) with this machine's facts (``machine=False``: a
     re-rendering that ran nothing here keeps the payload's own)."""
-    RESULTS.mkdir(exist_ok=True)
     payload = dict(payload)
     if machine:
         payload["machine"] = dict(

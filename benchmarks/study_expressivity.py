@@ -238,7 +238,6 @@ def load(path: Path) -> dict:
 
 
 def save(data: dict, path: Path) -> None:
-    path.parent.mkdir(exist_ok=True, parents=True)
     atomic_text(path, json.dumps(data, indent=1))
 
 

@@ -58,9 +58,9 @@ def atomic_json(path: str, obj: Any) -> None:
 
 
 def atomic_text(path: str | os.PathLike, text: str) -> None:
-    """``text`` (UTF-8) to ``path`` via a temporary file in the same folder + ``os.replace``: a reader (another
-    process merging into the same file) never sees half a file, and a failed write leaves the old file and no
-    temporary one."""
+    """``text`` (UTF-8) to ``path`` via a temporary file in the same folder + ``os.replace`` (the folder is made
+    if missing): a reader (another process merging into the same file) never sees half a file, and a failed
+    write leaves the old file and no temporary one."""
     _atomic_write(os.fspath(path), os.path.splitext(path)[1], lambda fh: fh.write(text.encode()))
 
 
