@@ -35,6 +35,12 @@ GRID18 = ["model.grid_resolution=[18,18]"]
 #: is the equal-steps one; does accuracy move with L, and which way?
 L6_SUFFIX = "-g18-l6"
 L6 = [*GRID18, "model.lmax=6"]
+#: eqv2-tiny's widths doubled (32 -> 64 channels and attention hidden channels, 64 -> 128 feed-forward hidden): the
+#: EST block's per-point work (the S x S attention) does not grow with the channels, EquiformerV2's FFN on its grid
+#: does, so at 64 channels the EST step is the cheaper one (0.95x the default's, 0.85x est-skip-t12's, timed
+#: round-robin on ethanol); does the accuracy gap move with width as it did when halved (est-half)?
+WIDE_SUFFIX = "-w2"
+WIDE = ["model.channels=64", "model.attn_hidden_channels=64", "model.ffn_hidden_channels=128"]
 GATE_SUFFIX = "-gm"
 GATE_MESSAGES = ["model.message_activation=gate"]
 #: the recipe's learning rate (peak of the cosine schedule; est's trainer default, near EquiformerV2's OC20 4e-4),
@@ -83,6 +89,10 @@ MODELS: dict[str, list[str]] = {
     "est-default" + GRID18_SUFFIX: [*EST_DEFAULT, *GRID18],
     "est-ffn" + L6_SUFFIX: [*FFN, *L6],
     "est-default" + L6_SUFFIX: [*EST_DEFAULT, *L6],
+    # est-ffn, the EST default and est-skip-t12 at twice the width (WIDE)
+    "est-ffn" + WIDE_SUFFIX: [*FFN, *WIDE],
+    "est-default" + WIDE_SUFFIX: [*EST_DEFAULT, *WIDE],
+    "est-skip-t12" + WIDE_SUFFIX: [*EST_SKIP_T12, *WIDE],
     # est-ffn, the EST default and est-skip-t12 at learning rate 1e-3 (LEARNING_RATES; the model is unchanged)
     "est-ffn" + LR_SUFFIX: FFN,
     "est-default" + LR_SUFFIX: [*EST_DEFAULT],
@@ -103,18 +113,22 @@ LABELS = {"est-ffn": "est EquiformerV2 (`update=\"ffn\"`)", "est-default": "est 
           "est-default" + GRID18_SUFFIX: "est EST default on the 18 x 18 grid",
           "est-ffn" + L6_SUFFIX: "est EquiformerV2 at L = 6 on the 18 x 18 grid",
           "est-default" + L6_SUFFIX: "est EST default at L = 6 on the 18 x 18 grid",
+          "est-ffn" + WIDE_SUFFIX: "est EquiformerV2 at twice the width (64 channels)",
+          "est-default" + WIDE_SUFFIX: "est EST default at twice the width (64 channels)",
+          "est-skip-t12" + WIDE_SUFFIX: "est EST default with the value skip, degree-12 design, twice the width",
           "est-ffn" + LR_SUFFIX: "est EquiformerV2 at learning rate 1e-3",
           "est-default" + LR_SUFFIX: "est EST default at learning rate 1e-3",
           "est-skip-t12" + LR_SUFFIX: "est EST default with the value skip, degree-12 design, learning rate 1e-3",
           MACE: "MACE (L=2, 64 ch)"}
 #: models run only when named (--models): the default without its logit bound, on a coarser design, with a looser
 #: bound, with the value skip (on two designs, the degree-12 one also with gate messages, and EquiformerV2 with them);
-#: EquiformerV2 and the default on the 18 x 18 grid, at L = 3 and at L = 6; three models at twice the recipe's
-#: learning rate
+#: EquiformerV2 and the default on the 18 x 18 grid, at L = 3 and at L = 6; three models at twice the width and
+#: three at twice the recipe's learning rate
 ABLATIONS = ("est-uncapped", "est-half-uncapped", "est-t14", "est-cap8", "est-skip", "est-skip-t12",
              "est-skip-t12" + GATE_SUFFIX, "est-ffn" + GATE_SUFFIX,
              "est-ffn" + GRID18_SUFFIX, "est-default" + GRID18_SUFFIX, "est-ffn" + L6_SUFFIX,
-             "est-default" + L6_SUFFIX, *LEARNING_RATES)
+             "est-default" + L6_SUFFIX, *(m + WIDE_SUFFIX for m in ("est-ffn", "est-default", "est-skip-t12")),
+             *LEARNING_RATES)
 REFERENCE = "est-ffn"
 #: ``<model>@time``: ``<model>`` trained for as many steps as fit in est-ffn's time (its 1,500 steps x its step
 #: cost), its schedule ending there (:func:`time_budget`): the equal-time reading on the test set
@@ -132,6 +146,9 @@ TARGET_PAIRS = ((TARGET[0], REFERENCE, "Target (issue 17)"),
                 ("est-skip", REFERENCE, "The same bound, the default with the value skip"),
                 ("est-skip-t12", REFERENCE, "The same bound, the value skip on a degree-12 design"),
                 (TARGET[0] + L6_SUFFIX, REFERENCE + L6_SUFFIX, "The same bound, both at L = 6 on the 18 x 18 grid"),
+                (TARGET[0] + WIDE_SUFFIX, REFERENCE + WIDE_SUFFIX, "The same bound, both at twice the width"),
+                ("est-skip-t12" + WIDE_SUFFIX, REFERENCE + WIDE_SUFFIX,
+                 "The same bound, the value skip on a degree-12 design, both at twice the width"),
                 (TARGET[0] + LR_SUFFIX, REFERENCE + LR_SUFFIX, "The same bound, both at learning rate 1e-3"),
                 ("est-skip-t12" + LR_SUFFIX, REFERENCE + LR_SUFFIX,
                  "The same bound, the value skip on a degree-12 design, both at learning rate 1e-3"))
@@ -196,14 +213,14 @@ def base_model(model: str) -> str:
 #: they take that model's calibrated step cost
 SAME_STEP_AS = {"est-cap8": "est-default", **{m: m.removesuffix(LR_SUFFIX) for m in LEARNING_RATES}}
 #: suffixes of variants read against est's EquiformerV2 with the same suffix (the same grid and degree, the same
-#: learning rate)
-OWN_REFERENCE_SUFFIXES = (GRID18_SUFFIX, L6_SUFFIX, LR_SUFFIX)
+#: width, the same learning rate)
+OWN_REFERENCE_SUFFIXES = (GRID18_SUFFIX, L6_SUFFIX, WIDE_SUFFIX, LR_SUFFIX)
 
 
 def reference_of(model: str) -> str:
     """The est EquiformerV2 a model is compared with (its ratios, its equal time, its ``@time`` budget): the one
-    on the same grid and at the same learning rate; est-ffn-g18's and est-ffn-lr1e-3's is est-ffn (what the finer
-    grid, the faster rate does to EquiformerV2); est-ffn's is itself."""
+    on the same grid, at the same width and learning rate; est-ffn-g18's, est-ffn-w2's and est-ffn-lr1e-3's is
+    est-ffn (what the finer grid, the width, the faster rate does to EquiformerV2); est-ffn's is itself."""
     base = base_model(model)
     for suffix in OWN_REFERENCE_SUFFIXES:
         own = REFERENCE + suffix

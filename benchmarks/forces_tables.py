@@ -10,12 +10,12 @@ import numpy as np
 
 from common import markdown_table, mean_sd, paired, save_figure
 from forces_setup import (CLOCK_WORDS, CLOCKS, CURVE_KEY, FRAME_BLOCK, GRID18_SUFFIX, L6_SUFFIX, LR_SUFFIX, MACE,
-                          MODELS, REFERENCE, SHOW_BLOCK, TARGET, TARGET_PAIRS, TIME_SUFFIX, Budget, is_timed, label, mb,
-                          reference_of)
+                          MODELS, REFERENCE, SHOW_BLOCK, TARGET, TARGET_PAIRS, TIME_SUFFIX, WIDE_SUFFIX, Budget, is_timed,
+                          label, mb, reference_of)
 
 #: said under a table whose rows may have another reference than est-ffn: that reference's suffix -> its rows
 REFERENCE_WORDS = {GRID18_SUFFIX: "on the 18 x 18 grid", L6_SUFFIX: "at L = 6 on the 18 x 18 grid",
-                   LR_SUFFIX: "at learning rate 1e-3"}
+                   WIDE_SUFFIX: "at twice the width", LR_SUFFIX: "at learning rate 1e-3"}
 
 
 def curve_end(curve: list[dict], clock: str) -> float:

@@ -324,6 +324,41 @@ def test_degree_six_pair_is_the_18x18_pair_at_l6_read_against_its_own_reference(
     assert "rows at L = 6 on the 18 x 18 grid are read against est's EquiformerV2 at L = 6 on the 18 x 18 grid" in text
 
 
+def test_wide_variants_double_every_width_and_are_read_against_their_own_reference(fs, ft, fc, tmp_path):
+    """est-ffn-w2 / est-default-w2 / est-skip-t12-w2: the model without the suffix with channels, attention hidden
+    and feed-forward hidden widths doubled (nothing else changed), each charged its own step cost, the EST rows
+    read against est-ffn-w2 in the tables and the target's lines, est-ffn-w2 against est-ffn."""
+    import dataclasses
+
+    from est.models.registry import model_config
+    from est.train import load_config
+    from est.train.loading import model_dict
+
+    for split in ("train", "test"):
+        (tmp_path / "ethanol" / split).mkdir(parents=True)
+    widths = ("channels", "attn_hidden_channels", "ffn_hidden_channels")
+    for base in ("est-ffn", "est-default", "est-skip-t12"):
+        wide, plain = (load_config(fs.est_overrides(m, tmp_path, "ethanol", 0, tmp_path / "rd", fs.FULL))
+                       for m in (base + fs.WIDE_SUFFIX, base))
+        w, p = (model_config(**(model_dict(c.model) | {"avg_num_nodes": 9.0, "avg_degree": 8.0})) for c in (wide, plain))
+        assert all(getattr(w, k) == 2 * getattr(p, k) for k in widths) and p.channels == 32
+        assert dataclasses.replace(w, **{k: getattr(p, k) for k in widths}) == p and wide.trainer == plain.trainer
+        assert fs.cost_model(base + fs.WIDE_SUFFIX) == base + fs.WIDE_SUFFIX and base + fs.WIDE_SUFFIX in fs.ABLATIONS
+    assert fs.reference_of("est-skip-t12-w2") == fs.reference_of("est-default-w2@time") == "est-ffn-w2"
+    assert fs.reference_of("est-ffn-w2") == "est-ffn"
+    runs = {"ethanol": {m: [record(m, s, end, curve(1.0, [30.0, 20.0, end])) for s in (0, 1)]
+                        for m, end in (("est-ffn", 10.0), ("est-ffn-w2", 8.0), ("est-skip-t12-w2", 7.6))}}
+    fc.with_step_cost_clock(runs, {"ethanol": {m: {"cpu_s": c} for m, c in
+                                               (("est-ffn", 1.0), ("est-ffn-w2", 2.0), ("est-skip-t12-w2", 2.0))}})
+    t = ft.tables(runs, clock="step-cost")
+    assert "| 0.95 0.95 (2/2 lower) |" in next(x for x in t["forces-ethanol"].splitlines()
+                                               if "value skip, degree-12 design, twice the width" in x)  # 7.6 / 8
+    text = t["forces-ethanol-time"]
+    assert ("The same bound, the value skip on a degree-12 design, both at twice the width: est-skip-t12-w2 / "
+            "est-ffn-w2 force MAE at equal time (step-cost clock) <= 0.90: per seed 0.95 0.95") in text
+    assert "rows at twice the width are read against est's EquiformerV2 at twice the width" in text
+
+
 def test_molecule_forces_experiment_is_the_studys_learning_rate_row(fs, tmp_path):
     """``+experiment=molecule_forces`` is what README and docs quote for it: est-skip-t12-lr1e-3's model
     (the same ModelConfig, though spelled on est_tiny), optimisation, loss and batches, and a validation
