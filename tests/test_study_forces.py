@@ -296,6 +296,23 @@ def test_learning_rate_variants_train_the_same_model_faster_and_are_read_against
     assert "18 x 18" not in text
 
 
+def check_own_reference_reads(fc, ft, reference: str, model: str, *, row: str, target: str, words: str) -> None:
+    """The study's tables (step-cost clock) of est-ffn (final MAE 10, step cost 1), a variant's own est
+    EquiformerV2 ``reference`` (9) and the EST ``model`` read against it (8.1), each of those two charged 2 s a
+    step, two seeds each: ``model``'s row (the first whose label has ``row``) and the ``target`` line give 0.90,
+    and the reading is explained with ``words`` under the tables."""
+    runs = {"ethanol": {m: [record(m, s, end, curve(1.0, [30.0, 20.0, end])) for s in (0, 1)]
+                        for m, end in (("est-ffn", 10.0), (reference, 9.0), (model, 8.1))}}
+    fc.with_step_cost_clock(runs, {"ethanol": {"est-ffn": {"cpu_s": 1.0}, reference: {"cpu_s": 2.0},
+                                               model: {"cpu_s": 2.0}}})
+    t = ft.tables(runs, clock="step-cost")
+    assert "| 0.90 0.90 (2/2 lower) |" in next(x for x in t["forces-ethanol"].splitlines() if row in x)  # 8.1 / 9
+    text = t["forces-ethanol-time"]
+    assert (f"{target}: {model} / {reference} force MAE at equal time (step-cost clock) <= 0.90: per seed "
+            "0.90 0.90") in text
+    assert f"rows {words} are read against est's EquiformerV2 {words}" in text
+
+
 def test_degree_six_pair_is_the_18x18_pair_at_l6_read_against_its_own_reference(fs, ft, fc, tmp_path):
     """est-ffn-g18-l6 / est-default-g18-l6: the 18 x 18 pair with model.lmax=6 (nothing else changed), each
     charged its own step cost, the EST row read against est-ffn-g18-l6 in the tables and the target's line."""
@@ -311,17 +328,9 @@ def test_degree_six_pair_is_the_18x18_pair_at_l6_read_against_its_own_reference(
         assert fs.cost_model(base + fs.L6_SUFFIX) == base + fs.L6_SUFFIX and base + fs.L6_SUFFIX in fs.ABLATIONS
     assert fs.reference_of("est-default-g18-l6") == fs.reference_of("est-default-g18-l6@time") == "est-ffn-g18-l6"
     assert fs.reference_of("est-ffn-g18-l6") == "est-ffn"
-    runs = {"ethanol": {m: [record(m, s, end, curve(1.0, [30.0, 20.0, end])) for s in (0, 1)]
-                        for m, end in (("est-ffn", 10.0), ("est-ffn-g18-l6", 9.0), ("est-default-g18-l6", 8.1))}}
-    fc.with_step_cost_clock(runs, {"ethanol": {m: {"cpu_s": c} for m, c in
-                                               (("est-ffn", 1.0), ("est-ffn-g18-l6", 2.0), ("est-default-g18-l6", 2.0))}})
-    t = ft.tables(runs, clock="step-cost")
-    assert "| 0.90 0.90 (2/2 lower) |" in next(x for x in t["forces-ethanol"].splitlines()
-                                               if "EST default at L = 6" in x)  # 8.1 / 9
-    text = t["forces-ethanol-time"]
-    assert ("The same bound, both at L = 6 on the 18 x 18 grid: est-default-g18-l6 / est-ffn-g18-l6 force MAE at "
-            "equal time (step-cost clock) <= 0.90: per seed 0.90 0.90") in text
-    assert "rows at L = 6 on the 18 x 18 grid are read against est's EquiformerV2 at L = 6 on the 18 x 18 grid" in text
+    check_own_reference_reads(fc, ft, "est-ffn-g18-l6", "est-default-g18-l6", row="EST default at L = 6",
+                              target="The same bound, both at L = 6 on the 18 x 18 grid",
+                              words="at L = 6 on the 18 x 18 grid")
 
 
 def test_wide_variants_double_every_width_and_are_read_against_their_own_reference(fs, ft, fc, tmp_path):
@@ -346,17 +355,12 @@ def test_wide_variants_double_every_width_and_are_read_against_their_own_referen
         assert fs.cost_model(base + fs.WIDE_SUFFIX) == base + fs.WIDE_SUFFIX and base + fs.WIDE_SUFFIX in fs.ABLATIONS
     assert fs.reference_of("est-skip-t12-w2") == fs.reference_of("est-default-w2@time") == "est-ffn-w2"
     assert fs.reference_of("est-ffn-w2") == "est-ffn"
-    runs = {"ethanol": {m: [record(m, s, end, curve(1.0, [30.0, 20.0, end])) for s in (0, 1)]
-                        for m, end in (("est-ffn", 10.0), ("est-ffn-w2", 8.0), ("est-skip-t12-w2", 7.6))}}
-    fc.with_step_cost_clock(runs, {"ethanol": {m: {"cpu_s": c} for m, c in
-                                               (("est-ffn", 1.0), ("est-ffn-w2", 2.0), ("est-skip-t12-w2", 2.0))}})
-    t = ft.tables(runs, clock="step-cost")
-    assert "| 0.95 0.95 (2/2 lower) |" in next(x for x in t["forces-ethanol"].splitlines()
-                                               if "value skip, degree-12 design, twice the width" in x)  # 7.6 / 8
-    text = t["forces-ethanol-time"]
-    assert ("The same bound, the value skip on a degree-12 design, both at twice the width: est-skip-t12-w2 / "
-            "est-ffn-w2 force MAE at equal time (step-cost clock) <= 0.90: per seed 0.95 0.95") in text
-    assert "rows at twice the width are read against est's EquiformerV2 at twice the width" in text
+    check_own_reference_reads(fc, ft, "est-ffn-w2", "est-skip-t12-w2",
+                              row="value skip, degree-12 design, twice the width",
+                              target="The same bound, the value skip on a degree-12 design, both at twice the width",
+                              words="at twice the width")
+    check_own_reference_reads(fc, ft, "est-ffn-w2", "est-default-w2", row="EST default at twice the width",
+                              target="The same bound, both at twice the width", words="at twice the width")
 
 
 def test_molecule_forces_experiment_is_the_studys_learning_rate_row(fs, tmp_path):
