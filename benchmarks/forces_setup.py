@@ -37,8 +37,8 @@ L6_SUFFIX = "-g18-l6"
 L6 = [*GRID18, "model.lmax=6"]
 #: eqv2-tiny's widths doubled (32 -> 64 channels and attention hidden channels, 64 -> 128 feed-forward hidden): the
 #: EST block's per-point work (the S x S attention) does not grow with the channels, EquiformerV2's FFN on its grid
-#: does, so at 64 channels the EST step is the cheaper one (0.95x the default's, 0.85x est-skip-t12's, timed
-#: round-robin on ethanol); does the accuracy gap move with width as it did when halved (est-half)?
+#: does, so at 64 channels the EST steps are the cheaper ones (the default's 0.95x EquiformerV2's, est-skip-t12's
+#: 0.85x, timed round-robin on ethanol); does the accuracy gap move with width as it did when halved (est-half)?
 WIDE_SUFFIX = "-w2"
 WIDE = ["model.channels=64", "model.attn_hidden_channels=64", "model.ffn_hidden_channels=128"]
 GATE_SUFFIX = "-gm"

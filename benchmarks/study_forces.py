@@ -34,6 +34,10 @@ channels, cutoff 5 A, every neighbour, no periodic images, conservative forces
   ``-g18`` model is read against ``est-ffn-g18`` (ratios, equal time, its
   ``@time`` budget; ``forces_setup.reference_of``), ``est-ffn-g18`` against
   ``est-ffn``; the target line is repeated for the pair.
+* ``est-ffn-w2``, ``est-default-w2``, ``est-skip-t12-w2``: the same models at
+  twice the width (channels and attention hidden channels 64, feed-forward hidden
+  128), where the EST steps cost less than EquiformerV2's; each is read against
+  ``est-ffn-w2`` (that one against ``est-ffn``), like the 18 x 18 pair.
 * ``est-ffn-lr1e-3``, ``est-default-lr1e-3``, ``est-skip-t12-lr1e-3``: the same
   models at learning rate 1e-3, twice the recipe's 5e-4 (est's trainer default;
   EquiformerV2's OC20 peak is 4e-4); each is charged its model's step cost and read against
