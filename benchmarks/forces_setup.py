@@ -127,8 +127,7 @@ LABELS = {"est-ffn": "est EquiformerV2 (`update=\"ffn\"`)", "est-default": "est 
 ABLATIONS = ("est-uncapped", "est-half-uncapped", "est-t14", "est-cap8", "est-skip", "est-skip-t12",
              "est-skip-t12" + GATE_SUFFIX, "est-ffn" + GATE_SUFFIX,
              "est-ffn" + GRID18_SUFFIX, "est-default" + GRID18_SUFFIX, "est-ffn" + L6_SUFFIX,
-             "est-default" + L6_SUFFIX, *(m + WIDE_SUFFIX for m in ("est-ffn", "est-default", "est-skip-t12")),
-             *LEARNING_RATES)
+             "est-default" + L6_SUFFIX, *(m for m in MODELS if m.endswith(WIDE_SUFFIX)), *LEARNING_RATES)
 REFERENCE = "est-ffn"
 #: ``<model>@time``: ``<model>`` trained for as many steps as fit in est-ffn's time (its 1,500 steps x its step
 #: cost), its schedule ending there (:func:`time_budget`): the equal-time reading on the test set
