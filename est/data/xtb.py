@@ -58,8 +58,9 @@ which needs ``ase-db-backends``; an empty split then has no data file, only
     OUT/<molecule>/relaxed.npz          relaxed geometry: numbers, positions, energy, forces
     OUT/mixed/{train,test}/data.NNNN.lmdb + metadata.npz
         relative symbolic links to the per-molecule chunk files, molecules in
-        the order given (one dataset of all molecules; shuffle when training)
-    OUT/manifest.json                   written last: the set is complete when it exists
+        the manifest's order (one dataset of all molecules; shuffle when training)
+    OUT/manifest.json                   written last: the set is complete when it exists; it lists
+                                        every finished molecule in OUT, those of earlier calls too
     OUT/.state/                         resume state (config, MD state per chunk)
 
 ``sid = 2 * MOLECULES.index(name) + split`` names the trajectory, ``fid`` the
@@ -523,6 +524,27 @@ def _check_config(out: str, cfg: XTBConfig) -> None:
         atomic_json(path, cfg.physics())
 
 
+def _set_molecules(out: str, cfg: XTBConfig) -> List[str]:
+    """The molecules the manifest of ``out`` lists after this call: those of its previous manifest (in their order),
+    then ``cfg.molecules``, then any other molecule whose splits a killed call finished (``MOLECULES`` order).
+
+    A set grows one call at a time (``--molecules ethanol``, later ``--molecules aspirin``): the manifest and
+    ``mixed`` describe every finished molecule in the folder, not only the last call's.
+    """
+    previous = []
+    path = os.path.join(out, "manifest.json")
+    if os.path.isfile(path):
+        with open(path) as fh:
+            previous = list(json.load(fh).get("config", {}).get("molecules", []))
+    finished = [m for m in MOLECULES
+                if all(os.path.isfile(os.path.join(out, ".state", m, s, "done.json")) for s in SPLITS)]
+    names = [m for m in previous if m in finished]
+    for m in (*cfg.molecules, *finished):
+        if m not in names:
+            names.append(m)
+    return names
+
+
 def generate(out: str, config: Optional[XTBConfig] = None, *, overwrite: bool = False, verbose: bool = True,
              **overrides) -> Dict[str, object]:
     """Generate (or resume) the set in ``out`` (see module docstring); returns the manifest.
@@ -530,6 +552,8 @@ def generate(out: str, config: Optional[XTBConfig] = None, *, overwrite: bool = 
     ``overrides`` set :class:`XTBConfig` fields (e.g. ``train_frames=4``).
     Rerunning with the same settings resumes where a killed run stopped;
     other settings are refused unless ``overwrite=True`` (which starts over).
+    A call for other molecules adds them: the manifest keeps the molecules of
+    earlier calls (:func:`_set_molecules`).
     """
     cfg = config if config is not None else XTBConfig()
     if overrides:
@@ -548,6 +572,11 @@ def generate(out: str, config: Optional[XTBConfig] = None, *, overwrite: bool = 
             print(f"[est.data.xtb] {msg}", file=sys.stderr, flush=True)
 
     t0 = time.time()
+    names = _set_molecules(out, cfg)
+    kept = [m for m in names if m not in cfg.molecules]
+    if kept:
+        log(f"{out} already holds {', '.join(kept)}; the manifest lists {', '.join(names)}")
+    cfg = XTBConfig(**{**asdict(cfg), "molecules": tuple(names)})
     molecules = {}
     with openmp_threads(cfg.threads):
         for name in cfg.molecules:
