@@ -145,14 +145,14 @@ VERDICT_SEEDS = 3
 
 def _verdict(ratios: list[float], bound: float) -> str:
     """``per seed 1.10 1.05, mean 1.08, 0/2 seeds within: not met.`` (met: the mean ratio <= ``bound`` over at
-    least :data:`VERDICT_SEEDS` seeds; on fewer, ``within the bound on 2 of the 3 seeds needed``)."""
+    least :data:`VERDICT_SEEDS` seeds; on fewer, ``not yet met (2 of the 3 seeds needed)``)."""
     mean = statistics.fmean(ratios)
     if mean > bound:
         word = "not met"
     elif len(ratios) >= VERDICT_SEEDS:
         word = "met"
     else:
-        word = f"within the bound on {len(ratios)} of the {VERDICT_SEEDS} seeds needed"
+        word = f"not yet met ({len(ratios)} of the {VERDICT_SEEDS} seeds needed)"
     return (f"per seed {' '.join(f'{x:.2f}' for x in ratios)}, mean {mean:.2f}, "
             f"{sum(x <= bound for x in ratios)}/{len(ratios)} seeds within: {word}.")
 

@@ -103,7 +103,8 @@ def test_tables_render_ratios_target_and_missing_models(ft):
     # est-default ends at 30 s; est-ffn is then at 15 steps (25 meV/A): ratio 8 / 25; MACE's first point is at 40 s
     row = next(x for x in time_text.splitlines() if "EST default" in x)
     assert "0.32 0.32 (2/2 lower)" in row and "| n/a n/a |" in row
-    assert "Target (issue 17): est-default / est-ffn" in time_text and "mean 0.32, 2/2 seeds within: within the bound on 2 of the 3 seeds needed." in time_text
+    assert "Target (issue 17): est-default / est-ffn" in time_text
+    assert "mean 0.32, 2/2 seeds within: not yet met (2 of the 3 seeds needed)." in time_text
     # no EquiformerV2 row: no ratios, no target line, own curve ends
     t2 = ft.tables({"ethanol": {"est-default": runs["ethanol"]["est-default"]}})
     assert "Target" not in t2["forces-ethanol-time"] and "lower" not in t2["forces-ethanol"]
@@ -256,8 +257,8 @@ def test_the_18x18_pair_is_read_against_est_ffn_on_the_same_grid(fs, ft, fc, tmp
     assert "| 0.52 0.52 (2/2 lower) |" in row
     assert "Target (issue 17): est-default / est-ffn force MAE" in text
     assert ("The same bound, both on the 18 x 18 grid: est-default-g18 / est-ffn-g18 force MAE at equal time "
-            "(step-cost clock) <= 0.90: per seed 0.52 0.52, mean 0.52, 2/2 seeds within: within the bound on 2 of the 3 "
-            "seeds needed.") in text
+            "(step-cost clock) <= 0.90: per seed 0.52 0.52, mean 0.52, 2/2 seeds within: not yet met (2 of the 3 seeds "
+            "needed).") in text
     assert "est-ffn-g18` itself against `est-ffn`" in text
     over = t["forces-overview"].splitlines()
     assert "| 0.90 (2/2 lower) |" in next(x for x in over if "EST default on the 18 x 18" in x)
@@ -457,8 +458,8 @@ def test_time_runs_take_their_models_step_cost_and_the_test_set_target_line(ft, 
     assert "0.80 0.95 (2/2 lower)" in lines[-1]
     text = t["forces-ethanol-time"]
     assert ("The same target on the test set, est-default trained to the end of its own schedule in est-ffn's time "
-            "(25 steps, `est-default@time`): per seed 0.80 0.95, mean 0.88, 1/2 seeds within: within the bound on 2 of "
-            "the 3 seeds needed.") in text
+            "(25 steps, `est-default@time`): per seed 0.80 0.95, mean 0.88, 1/2 seeds within: not yet met (2 of the 3 "
+            "seeds needed).") in text
     # 25 steps x 2.4 s = 30 x 2.0 s: the budget was fair at these costs, nothing more is said
     assert ft.time_share(runs["ethanol"]["est-default@time"], runs["ethanol"]["est-ffn"]) == pytest.approx(1.0)
     assert "current ones" not in text
@@ -852,6 +853,6 @@ def test_time_runs_of_a_learning_rate_variant_take_the_costs_their_curves_are_ch
 def test_target_verdict_needs_three_seeds(ft):
     """A mean within the bound is "met" on 3 seeds; on fewer the line says how many it has."""
     assert ft._verdict([0.85, 0.87, 0.95], 0.90) == "per seed 0.85 0.87 0.95, mean 0.89, 2/3 seeds within: met."
-    assert ft._verdict([0.85, 0.87], 0.90).endswith("2/2 seeds within: within the bound on 2 of the 3 seeds needed.")
+    assert ft._verdict([0.85, 0.87], 0.90).endswith("2/2 seeds within: not yet met (2 of the 3 seeds needed).")
     assert ft._verdict([0.85, 0.99], 0.90).endswith("mean 0.92, 1/2 seeds within: not met.")
     assert ft._verdict([0.95, 0.93, 0.91, 0.85], 0.90).endswith("mean 0.91, 1/4 seeds within: not met.")

@@ -82,7 +82,7 @@ import sys
 import time
 import zlib
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -411,10 +411,15 @@ def _write_metadata(folder: str, suffix: str) -> None:
     atomic_savez(os.path.join(folder, "metadata.npz"), natoms=np.asarray(natoms, dtype=np.int64))
 
 
+def _state_dir(out: str, name: str, split: str) -> str:
+    """``OUT/.state/<molecule>/<split>``: the split's MD state per chunk, and ``done.json`` once it is finished."""
+    return os.path.join(out, ".state", name, split)
+
+
 def _generate_split(out: str, name: str, split: str, relaxed, cfg: XTBConfig, log) -> Dict[str, object]:
     """Write (or finish) one molecule's split; returns its summary (also kept in ``.state``)."""
     folder = os.path.join(out, name, split)
-    sdir = os.path.join(out, ".state", name, split)
+    sdir = _state_dir(out, name, split)
     done = os.path.join(sdir, "done.json")
     if os.path.isfile(done):
         with open(done) as fh:
@@ -537,7 +542,7 @@ def _set_molecules(out: str, cfg: XTBConfig) -> List[str]:
         with open(path) as fh:
             previous = list(json.load(fh).get("config", {}).get("molecules", []))
     finished = [m for m in MOLECULES
-                if all(os.path.isfile(os.path.join(out, ".state", m, s, "done.json")) for s in SPLITS)]
+                if all(os.path.isfile(os.path.join(_state_dir(out, m, s), "done.json")) for s in SPLITS)]
     names = [m for m in previous if m in finished]
     for m in (*cfg.molecules, *finished):
         if m not in names:
@@ -576,7 +581,7 @@ def generate(out: str, config: Optional[XTBConfig] = None, *, overwrite: bool = 
     kept = [m for m in names if m not in cfg.molecules]
     if kept:
         log(f"{out} already holds {', '.join(kept)}; the manifest lists {', '.join(names)}")
-    cfg = XTBConfig(**{**asdict(cfg), "molecules": tuple(names)})
+    cfg = replace(cfg, molecules=tuple(names))
     molecules = {}
     with openmp_threads(cfg.threads):
         for name in cfg.molecules:
