@@ -416,11 +416,16 @@ def _state_dir(out: str, name: str, split: str) -> str:
     return os.path.join(out, ".state", name, split)
 
 
+def _done_file(out: str, name: str, split: str) -> str:
+    """The marker of a finished split (its summary), in :func:`_state_dir`."""
+    return os.path.join(_state_dir(out, name, split), "done.json")
+
+
 def _generate_split(out: str, name: str, split: str, relaxed, cfg: XTBConfig, log) -> Dict[str, object]:
     """Write (or finish) one molecule's split; returns its summary (also kept in ``.state``)."""
     folder = os.path.join(out, name, split)
     sdir = _state_dir(out, name, split)
-    done = os.path.join(sdir, "done.json")
+    done = _done_file(out, name, split)
     if os.path.isfile(done):
         with open(done) as fh:
             return json.load(fh)
@@ -542,7 +547,7 @@ def _set_molecules(out: str, cfg: XTBConfig) -> List[str]:
         with open(path) as fh:
             previous = list(json.load(fh).get("config", {}).get("molecules", []))
     finished = [m for m in MOLECULES
-                if all(os.path.isfile(os.path.join(_state_dir(out, m, s), "done.json")) for s in SPLITS)]
+                if all(os.path.isfile(_done_file(out, m, s)) for s in SPLITS)]
     names = [m for m in previous if m in finished]
     for m in (*cfg.molecules, *finished):
         if m not in names:
