@@ -85,6 +85,13 @@ step cost, :func:`time_budget`, fixed in the run folder at its start), its
 warm-up and schedule ending there, then measured like every run. Its ratio to
 est-ffn on the test set (paired by seed) is the equal-time reading at the end
 of both schedules; the ``-time`` table adds it to the issue's target line.
+A ``<model>@w2-time`` run (``--models est-default@w2-time est-ffn@w2-time``)
+is the same for the larger model: a 32-channel model trained for the steps
+that cost what ``est-ffn-w2``'s 1,500 cost, read against ``est-ffn-w2``: the
+paper's "small models empowered by EST can outperform larger models" at equal
+time (the EST default has 395k parameters, ``est-ffn-w2`` 1.32M), with
+``est-ffn@w2-time`` as the control; the ``-time`` table adds that line
+(bound 1.00, ``forces_setup.CLAIM_PAIRS``).
 
 Metrics on the test set (best-validation EMA weights; one definition for est
 and MACE, ``mace_baseline.force_metrics``): energy MAE (meV/atom), force MAE
@@ -306,7 +313,8 @@ def main(argv=None) -> int:
     p.add_argument("--molecules", nargs="+", default=list(MOLECULES), choices=list(MOLECULES))
     p.add_argument("--models", nargs="+", default=[m for m in MODELS if m not in ABLATIONS], choices=MODEL_CHOICES,
                    help="default: every model but the ablations " + ", ".join(ABLATIONS) + f" and the {TIME_SUFFIX} "
-                        "runs (MODEL@time: MODEL trained in est-ffn's time, its schedule ending there)")
+                        "runs (MODEL@time: MODEL trained in est-ffn's time, its schedule ending there; MODEL@w2-time: "
+                        "the same in est-ffn-w2's time)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
     p.add_argument("--root", default=str(REPO / "runs" / "forces"))

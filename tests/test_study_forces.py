@@ -440,6 +440,41 @@ def test_time_runs_train_the_steps_that_cost_what_the_references_cost(fs, fc, mo
     assert fc.time_budget(tmp_path, "ethanol", "est-default@time", tmp_path, fs.FULL, rd)["steps"] == 1250
 
 
+def test_wide_time_runs_train_in_the_wide_references_time_and_give_the_claims_line(fs, fc, ft, monkeypatch, tmp_path):
+    """``est-default@w2-time``: est-default's overrides at the study's width, the steps that cost what est-ffn-w2's
+    1,500 cost (1,500 x c_ffn-w2 / c_default), read against est-ffn-w2 in the tables and in the paper's-claim line
+    (bound 1.00), with est-ffn@w2-time as its control; no such run of a model that already has its own reference."""
+    costs = {"est-ffn": {"cpu_s": 0.75}, "est-ffn-w2": {"cpu_s": 1.8}, "est-default": {"cpu_s": 0.9}}
+    model = "est-default" + fs.WIDE_TIME_SUFFIX
+    assert fs.timed_steps(costs, model, fs.FULL) == 3000 and fs.is_timed(model) and fs.base_model(model) == "est-default"
+    assert fs.reference_of(model) == fs.reference_of("est-ffn@w2-time") == "est-ffn-w2" and fs.cost_model(model) == "est-default"
+    assert {model, "est-ffn@w2-time"} <= set(fs.MODEL_CHOICES)
+    assert not {"mace@w2-time", "est-ffn-w2@w2-time", "est-default-g18@w2-time", "est-ffn-lr1e-3@w2-time"} & set(fs.MODEL_CHOICES)
+    for split in ("train", "test"):
+        (tmp_path / "ethanol" / split).mkdir(parents=True)
+    cli = fs.est_overrides(model, tmp_path, "ethanol", 0, tmp_path / "rd", fs.FULL, steps=3000)
+    plain = fs.est_overrides("est-default", tmp_path, "ethanol", 0, tmp_path / "rd", fs.FULL, steps=3000)
+    assert [x for x in cli if not x.startswith("name=")] == [x for x in plain if not x.startswith("name=")]
+    monkeypatch.setattr(fc, "step_costs", lambda root, molecule, models, *a, **k: costs)
+    tb = fc.time_budget(tmp_path, "ethanol", model, tmp_path, fs.FULL, tmp_path / "rd")
+    assert tb == {"steps": 3000, "seconds": pytest.approx(2700.0), "step_cost_s": 0.9, "reference_step_cost_s": 1.8}
+    runs = {"ethanol": {
+        "est-ffn": [record("est-ffn", s, 10.0, curve(1.0, [30.0, 20.0, 10.0])) for s in (0, 1, 2)],
+        "est-ffn-w2": [record("est-ffn-w2", s, 8.0, curve(2.0, [30.0, 20.0, 8.0])) for s in (0, 1, 2)],
+        model: [record(model, s, f, curve(1.0, [30.0, 20.0, 12.0, 9.0, f, f])) | {"steps": 60}
+                for s, f in ((0, 8.8), (1, 7.6), (2, 8.4))],
+    }}
+    t = ft.tables(runs, clock="cpu")
+    row = next(x for x in t["forces-ethanol"].splitlines() if "trained in the time of EquiformerV2 at twice the width" in x)
+    assert "| 1.10 0.95 1.05 (1/3 lower) |" in row  # 8.8 / 8, 7.6 / 8, 8.4 / 8: against est-ffn-w2, not est-ffn
+    text = t["forces-ethanol-time"]
+    assert ("Small EST against the larger model (the paper's claim), the EST default at 32 channels trained in the time "
+            "of EquiformerV2 at 64 (60 steps, `est-default@w2-time`): est-default@w2-time / est-ffn-w2 test force MAE "
+            "<= 1.00: per seed 1.10 0.95 1.05, mean 1.03, 1/3 seeds within: not met.") in text
+    assert "rows trained in the time of EquiformerV2 at twice the width (`@w2-time`) are read against it" in text
+    assert "Its control" not in text  # no est-ffn@w2-time runs: no line
+
+
 def test_time_runs_take_their_models_step_cost_and_the_test_set_target_line(ft, fc):
     runs = {"ethanol": {
         "est-ffn": [record("est-ffn", s, 10.0, curve(2.0, [30.0, 20.0, 10.0])) | {"steps": 30} for s in (0, 1)],
