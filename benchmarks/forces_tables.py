@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from common import markdown_table, mean_sd, paired, save_figure
-from forces_setup import (CLAIM_BOUND, CLAIM_PAIRS, CLOCK_WORDS, CLOCKS, CURVE_KEY, FRAME_BLOCK, GRID18_SUFFIX,
-                          L6_SUFFIX, LR_SUFFIX, MACE, MODELS, REFERENCE, SHOW_BLOCK, TARGET, TARGET_PAIRS, TIME_SUFFIX,
-                          WIDE_SUFFIX, WIDE_TIME_SUFFIX, Budget, is_timed, label, mb, reference_of)
+from forces_setup import (CLOCK_WORDS, CLOCKS, CURVE_KEY, FRAME_BLOCK, GRID18_SUFFIX, L6_SUFFIX, LR_SUFFIX, MACE,
+                          MODELS, REFERENCE, SHOW_BLOCK, TARGET, TARGET_PAIRS, TEST_PAIRS, TIME_SUFFIX, WIDE_SUFFIX,
+                          WIDE_TIME_SUFFIX, Budget, is_timed, label, mb, reference_of)
 
 #: said under a table whose rows may have another reference than est-ffn: that reference's suffix -> its rows
 REFERENCE_WORDS = {GRID18_SUFFIX: "on the 18 x 18 grid", L6_SUFFIX: "at L = 6 on the 18 x 18 grid",
@@ -161,7 +161,7 @@ def _verdict(ratios: list[float], bound: float) -> str:
 
 
 def _order(per_model: dict[str, list[dict]]) -> list[str]:
-    """Models in ``MODELS``' order, each ``@time`` run after its model, then any others."""
+    """Models in ``MODELS``' order, each ``@time`` and ``@w2-time`` run after its model, then any others."""
     known = [x for m in MODELS for x in (m, m + TIME_SUFFIX, m + WIDE_TIME_SUFFIX)]
     return [m for m in known if m in per_model] + [m for m in per_model if m not in known]
 
@@ -220,7 +220,7 @@ def tables(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> 
 
 def target_lines(per_model: dict[str, list[dict]], *, clock: str) -> list[str]:
     """For each pair of :data:`forces_setup.TARGET_PAIRS` with runs of both: the target's verdict at equal time
-    on the curves and, where the model has ``@time`` runs, on the test set."""
+    on the curves and, where the model has ``@time`` runs, on the test set; then :func:`test_set_lines`."""
     bound = TARGET[1]
     out = []
     for target, reference, words in TARGET_PAIRS:
@@ -243,20 +243,20 @@ def target_lines(per_model: dict[str, list[dict]], *, clock: str) -> list[str]:
             if abs(share - 1.0) >= 0.005:
                 out.append(f" Their step budget came from the step costs stored when they started; at the current "
                            f"ones they had {share:.2f}x {reference}'s time.")
-    return out + claim_lines(per_model)
+    return out + test_set_lines(per_model)
 
 
-def claim_lines(per_model: dict[str, list[dict]]) -> list[str]:
-    """For each pair of :data:`forces_setup.CLAIM_PAIRS` with runs of both: the small model's test force MAE over
-    the larger one's, paired by seed, against :data:`forces_setup.CLAIM_BOUND` (the small model trained in the
-    larger one's time, so this is the equal-time reading on the test set)."""
+def test_set_lines(per_model: dict[str, list[dict]]) -> list[str]:
+    """For each pair of :data:`forces_setup.TEST_PAIRS` with runs of both: the model's test force MAE over the
+    other's, paired by seed, against the pair's bound (both trained in the same time, so this is the equal-time
+    reading on the test set)."""
     out = []
-    for small, large, words in CLAIM_PAIRS:
-        ratios = paired(per_model.get(small, []), per_model.get(large, []), "forces_mae_meV_A")[0]
+    for model, other, words, bound in TEST_PAIRS:
+        ratios = paired(per_model.get(model, []), per_model.get(other, []), "forces_mae_meV_A")[0]
         if ratios:
-            steps = "/".join(map(str, sorted({r["steps"] for r in per_model[small]})))
-            out.append(f"\n\n{words} ({steps} steps, `{small}`): {small} / {large} test force MAE <= "
-                       f"{CLAIM_BOUND:.2f}: " + _verdict(ratios, CLAIM_BOUND))
+            steps = "/".join(map(str, sorted({r["steps"] for r in per_model[model]})))
+            out.append(f"\n\n{words} ({steps} steps, `{model}`): {model} / {other} test force MAE <= "
+                       f"{bound:.2f}: " + _verdict(ratios, bound))
     return out
 
 
