@@ -220,7 +220,7 @@ def tables(results: dict[str, dict[str, list[dict]]], *, clock: str = "cpu") -> 
 
 def target_lines(per_model: dict[str, list[dict]], *, clock: str) -> list[str]:
     """For each pair of :data:`forces_setup.TARGET_PAIRS` with runs of both: the target's verdict at equal time
-    on the curves and, where the model has ``@time`` runs, on the test set; then :func:`test_set_lines`."""
+    on the curves and, where the model has ``@time`` runs, on the test set; then :func:`same_time_lines`."""
     bound = TARGET[1]
     out = []
     for target, reference, words in TARGET_PAIRS:
@@ -243,10 +243,10 @@ def target_lines(per_model: dict[str, list[dict]], *, clock: str) -> list[str]:
             if abs(share - 1.0) >= 0.005:
                 out.append(f" Their step budget came from the step costs stored when they started; at the current "
                            f"ones they had {share:.2f}x {reference}'s time.")
-    return out + test_set_lines(per_model)
+    return out + same_time_lines(per_model)
 
 
-def test_set_lines(per_model: dict[str, list[dict]]) -> list[str]:
+def same_time_lines(per_model: dict[str, list[dict]]) -> list[str]:
     """For each pair of :data:`forces_setup.TEST_PAIRS` with runs of both: the model's test force MAE over the
     other's, paired by seed, against the pair's bound (both trained in the same time, so this is the equal-time
     reading on the test set)."""
