@@ -140,6 +140,10 @@ TIME_SUFFIX = "@time"
 #: outperform larger models" at equal cost (the EST default: 395k parameters against 1.32M), with est-ffn as the
 #: control (does the small model win by the steps its cheaper step buys, EST or not?)
 WIDE_TIME_SUFFIX = "@w2-time"
+#: timed suffix -> (the est EquiformerV2 whose time such a run trains in and is read against; None: the model's own
+#: reference, :func:`reference_of`), the words its label ends with
+TIMED_SUFFIXES = {TIME_SUFFIX: (None, "EquiformerV2's time"),
+                  WIDE_TIME_SUFFIX: (REFERENCE + WIDE_SUFFIX, "the time of EquiformerV2 at twice the width")}
 #: the models trained in est-ffn-w2's time: the study-width models read against est-ffn (not MACE)
 WIDE_TIMED = [m + WIDE_TIME_SUFFIX for m in MODELS if m != MACE and not m.endswith(OWN_REFERENCE_SUFFIXES)]
 #: --models choices: every model, every est model but the reference in EquiformerV2's time, and the study-width
@@ -225,9 +229,15 @@ def split_indices(n_train_file: int, budget: Budget) -> tuple[list[int], list[in
     return list(range(n_train)), list(range(n_train_file - n_val, n_train_file))
 
 
+def timed_suffix(model: str) -> str | None:
+    """The key of :data:`TIMED_SUFFIXES` that ``model`` ends with, or None (a run of ``budget.steps``)."""
+    return next((s for s in TIMED_SUFFIXES if model.endswith(s)), None)
+
+
 def base_model(model: str) -> str:
     """The model a run trains: ``est-default@time`` and ``est-default@w2-time`` -> ``est-default``."""
-    return model.removesuffix(TIME_SUFFIX).removesuffix(WIDE_TIME_SUFFIX)
+    suffix = timed_suffix(model)
+    return model.removesuffix(suffix) if suffix else model
 
 
 #: models whose training step is another model's computation (the same operations on the same shapes, only a
@@ -241,8 +251,9 @@ def reference_of(model: str) -> str:
     on the same grid, at the same width and learning rate; est-ffn-g18's, est-ffn-w2's and est-ffn-lr1e-3's is
     est-ffn (what the finer grid, the width, the faster rate does to EquiformerV2); est-ffn's is itself; a
     ``@w2-time`` run's is est-ffn-w2, in whose time it trains."""
-    if model.endswith(WIDE_TIME_SUFFIX):
-        return REFERENCE + WIDE_SUFFIX
+    suffix = timed_suffix(model)
+    if suffix and TIMED_SUFFIXES[suffix][0]:
+        return TIMED_SUFFIXES[suffix][0]
     base = base_model(model)
     for suffix in OWN_REFERENCE_SUFFIXES:
         own = REFERENCE + suffix
@@ -258,16 +269,14 @@ def cost_model(model: str) -> str:
 
 def is_timed(model: str) -> bool:
     """A run whose step budget is another model's time (``@time``, ``@w2-time``), not ``budget.steps``."""
-    return model.endswith((TIME_SUFFIX, WIDE_TIME_SUFFIX))
+    return timed_suffix(model) is not None
 
 
 def label(model: str) -> str:
     """Table label: the model's, plus "in EquiformerV2's time" for a ``@time`` run (in that of EquiformerV2 at
     twice the width for a ``@w2-time`` one)."""
-    base = LABELS.get(base_model(model), base_model(model))
-    if model.endswith(WIDE_TIME_SUFFIX):
-        return f"{base}, trained in the time of EquiformerV2 at twice the width"
-    return f"{base}, trained in EquiformerV2's time" if is_timed(model) else base
+    base, suffix = LABELS.get(base_model(model), base_model(model)), timed_suffix(model)
+    return f"{base}, trained in {TIMED_SUFFIXES[suffix][1]}" if suffix else base
 
 
 def timed_steps(costs: dict[str, dict[str, Any]], model: str, budget: Budget) -> int:

@@ -10,8 +10,8 @@ import numpy as np
 
 from common import markdown_table, mean_sd, paired, save_figure
 from forces_setup import (CLOCK_WORDS, CLOCKS, CURVE_KEY, FRAME_BLOCK, GRID18_SUFFIX, L6_SUFFIX, LR_SUFFIX, MACE,
-                          MODELS, REFERENCE, SHOW_BLOCK, TARGET, TARGET_PAIRS, TEST_PAIRS, TIME_SUFFIX, WIDE_SUFFIX,
-                          WIDE_TIME_SUFFIX, Budget, is_timed, label, mb, reference_of)
+                          MODELS, REFERENCE, SHOW_BLOCK, TARGET, TARGET_PAIRS, TEST_PAIRS, TIME_SUFFIX,
+                          TIMED_SUFFIXES, WIDE_SUFFIX, Budget, is_timed, label, mb, reference_of)
 
 #: said under a table whose rows may have another reference than est-ffn: that reference's suffix -> its rows
 REFERENCE_WORDS = {GRID18_SUFFIX: "on the 18 x 18 grid", L6_SUFFIX: "at L = 6 on the 18 x 18 grid",
@@ -135,11 +135,10 @@ def _reference_note(models) -> str:
     or a dict keyed by them) has, in ``REFERENCE_WORDS``' order (not the models': a set's order moves between
     processes)."""
     refs = {reference_of(m) for m in models}
-    wide_timed = any(m.endswith(WIDE_TIME_SUFFIX) for m in models)
     return "".join(f"; rows {words} are read against est's EquiformerV2 {words} (`{REFERENCE + suffix}` itself "
-                   f"against `{REFERENCE}`)" for suffix, words in REFERENCE_WORDS.items() if REFERENCE + suffix in refs) + (
-        f"; rows trained in the time of EquiformerV2 at twice the width (`{WIDE_TIME_SUFFIX}`) are read against it "
-        f"(`{REFERENCE + WIDE_SUFFIX}`)" if wide_timed else "")
+                   f"against `{REFERENCE}`)" for suffix, words in REFERENCE_WORDS.items() if REFERENCE + suffix in refs) + "".join(
+        f"; rows trained in {words} (`{suffix}`) are read against it (`{ref}`)"
+        for suffix, (ref, words) in TIMED_SUFFIXES.items() if ref and any(m.endswith(suffix) for m in models))
 
 
 #: seeds a verdict needs (issue 17: at least 3 per row); a mean within the bound on fewer is not yet "met"
@@ -162,7 +161,7 @@ def _verdict(ratios: list[float], bound: float) -> str:
 
 def _order(per_model: dict[str, list[dict]]) -> list[str]:
     """Models in ``MODELS``' order, each ``@time`` and ``@w2-time`` run after its model, then any others."""
-    known = [x for m in MODELS for x in (m, m + TIME_SUFFIX, m + WIDE_TIME_SUFFIX)]
+    known = [x for m in MODELS for x in (m, *(m + suffix for suffix in TIMED_SUFFIXES))]
     return [m for m in known if m in per_model] + [m for m in per_model if m not in known]
 
 
@@ -233,12 +232,9 @@ def target_lines(per_model: dict[str, list[dict]], *, clock: str) -> list[str]:
                 out.append(f"\n\n{words}: {target} / {reference} force MAE at equal time ({clock} clock) <= {bound:.2f}: "
                            + _verdict(ratios, bound))
         timed = per_model.get(target + TIME_SUFFIX)
-        ratios = paired(timed, ref, "forces_mae_meV_A")[0] if timed else []
-        if ratios:
-            steps = sorted({r["steps"] for r in timed})
+        if read := _test_set_verdict(timed or [], ref, bound):
             out.append(f"\n\nThe same target on the test set, {target} trained to the end of its own schedule in "
-                       f"{reference}'s time ({'/'.join(map(str, steps))} steps, `{target}{TIME_SUFFIX}`): "
-                       + _verdict(ratios, bound))
+                       f"{reference}'s time ({read[0]} steps, `{target}{TIME_SUFFIX}`): {read[1]}")
             share = time_share(timed, ref)
             if abs(share - 1.0) >= 0.005:
                 out.append(f" Their step budget came from the step costs stored when they started; at the current "
@@ -252,12 +248,19 @@ def same_time_lines(per_model: dict[str, list[dict]]) -> list[str]:
     reading on the test set)."""
     out = []
     for model, other, words, bound in TEST_PAIRS:
-        ratios = paired(per_model.get(model, []), per_model.get(other, []), "forces_mae_meV_A")[0]
-        if ratios:
-            steps = "/".join(map(str, sorted({r["steps"] for r in per_model[model]})))
-            out.append(f"\n\n{words} ({steps} steps, `{model}`): {model} / {other} test force MAE <= "
-                       f"{bound:.2f}: " + _verdict(ratios, bound))
+        if read := _test_set_verdict(per_model.get(model, []), per_model.get(other, []), bound):
+            out.append(f"\n\n{words} ({read[0]} steps, `{model}`): {model} / {other} test force MAE <= "
+                       f"{bound:.2f}: {read[1]}")
     return out
+
+
+def _test_set_verdict(recs: list[dict], ref: list[dict], bound: float) -> tuple[str, str] | None:
+    """(``"1298"`` or ``"1298/1300"``: the runs' step counts, :func:`_verdict` of their test force MAE over
+    ``ref``'s, paired by seed), or None when no seed pairs."""
+    ratios = paired(recs, ref, "forces_mae_meV_A")[0]
+    if not ratios:
+        return None
+    return "/".join(map(str, sorted({r["steps"] for r in recs}))), _verdict(ratios, bound)
 
 
 def time_share(timed: list[dict], ref: list[dict]) -> float:
