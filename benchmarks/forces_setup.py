@@ -251,9 +251,9 @@ def reference_of(model: str) -> str:
     on the same grid, at the same width and learning rate; est-ffn-g18's, est-ffn-w2's and est-ffn-lr1e-3's is
     est-ffn (what the finer grid, the width, the faster rate does to EquiformerV2); est-ffn's is itself; a
     ``@w2-time`` run's is est-ffn-w2, in whose time it trains."""
-    suffix = timed_suffix(model)
-    if suffix and TIMED_SUFFIXES[suffix][0]:
-        return TIMED_SUFFIXES[suffix][0]
+    timed = timed_suffix(model)
+    if timed and TIMED_SUFFIXES[timed][0]:
+        return TIMED_SUFFIXES[timed][0]
     base = base_model(model)
     for suffix in OWN_REFERENCE_SUFFIXES:
         own = REFERENCE + suffix
@@ -275,7 +275,8 @@ def is_timed(model: str) -> bool:
 def label(model: str) -> str:
     """Table label: the model's, plus "in EquiformerV2's time" for a ``@time`` run (in that of EquiformerV2 at
     twice the width for a ``@w2-time`` one)."""
-    base, suffix = LABELS.get(base_model(model), base_model(model)), timed_suffix(model)
+    base, suffix = base_model(model), timed_suffix(model)
+    base = LABELS.get(base, base)
     return f"{base}, trained in {TIMED_SUFFIXES[suffix][1]}" if suffix else base
 
 

@@ -11,7 +11,8 @@ import numpy as np
 from common import markdown_table, mean_sd, paired, save_figure
 from forces_setup import (CLOCK_WORDS, CLOCKS, CURVE_KEY, FRAME_BLOCK, GRID18_SUFFIX, L6_SUFFIX, LR_SUFFIX, MACE,
                           MODELS, REFERENCE, SHOW_BLOCK, TARGET, TARGET_PAIRS, TEST_PAIRS, TIME_SUFFIX,
-                          TIMED_SUFFIXES, WIDE_SUFFIX, Budget, is_timed, label, mb, reference_of)
+                          TIMED_SUFFIXES, WIDE_SUFFIX, Budget, is_timed, label, mb, reference_of,
+                          timed_suffix)
 
 #: said under a table whose rows may have another reference than est-ffn: that reference's suffix -> its rows
 REFERENCE_WORDS = {GRID18_SUFFIX: "on the 18 x 18 grid", L6_SUFFIX: "at L = 6 on the 18 x 18 grid",
@@ -134,11 +135,12 @@ def _reference_note(models) -> str:
     """``"; rows on the 18 x 18 grid ..."`` for each reference other than est-ffn that one of ``models`` (names,
     or a dict keyed by them) has, in ``REFERENCE_WORDS``' order (not the models': a set's order moves between
     processes)."""
-    refs = {reference_of(m) for m in models}
-    return "".join(f"; rows {words} are read against est's EquiformerV2 {words} (`{REFERENCE + suffix}` itself "
-                   f"against `{REFERENCE}`)" for suffix, words in REFERENCE_WORDS.items() if REFERENCE + suffix in refs) + "".join(
-        f"; rows trained in {words} (`{suffix}`) are read against it (`{ref}`)"
-        for suffix, (ref, words) in TIMED_SUFFIXES.items() if ref and any(m.endswith(suffix) for m in models))
+    refs, timed = {reference_of(m) for m in models}, {timed_suffix(m) for m in models}
+    own = "".join(f"; rows {words} are read against est's EquiformerV2 {words} (`{REFERENCE + suffix}` itself "
+                  f"against `{REFERENCE}`)" for suffix, words in REFERENCE_WORDS.items() if REFERENCE + suffix in refs)
+    fixed = "".join(f"; rows trained in {words} (`{suffix}`) are read against it (`{ref}`)"
+                    for suffix, (ref, words) in TIMED_SUFFIXES.items() if ref and suffix in timed)
+    return own + fixed
 
 
 #: seeds a verdict needs (issue 17: at least 3 per row); a mean within the bound on fewer is not yet "met"
