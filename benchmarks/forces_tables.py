@@ -374,7 +374,8 @@ def plot_curves(results: dict[str, dict[str, list[dict]]], plots: Path, *, clock
 
 def projection(results: dict[str, dict[str, list[dict]]], budget: Budget, *, test_frames: int = 500) -> str:
     """Projected CPU hours of one run at ``budget`` from the measured CPU cost of a training step (steady,
-    between the first and last evaluations), an MD step and a test frame (validation and test passes)."""
+    between the first and last evaluations), an MD step and a test frame (validation and test passes); a run
+    made with several threads (``threads``) is charged the CPU seconds of all of them."""
     rows = []
     for molecule, per_model in results.items():
         for model in _order(per_model):
@@ -384,7 +385,7 @@ def projection(results: dict[str, dict[str, list[dict]]], budget: Budget, *, tes
                 md_h = budget.md_steps * md_ms / 3.6e6
                 frames = budget.steps // budget.eval_every * budget.val_frames + test_frames
                 eval_h = frames * r["metrics"]["cpu_s"] / r["metrics"]["frames"] / 3600.0
-                rows.append({"molecule": molecule, "model": model, "seed": r["seed"],
+                rows.append({"molecule": molecule, "model": model, "seed": r["seed"], "threads": r.get("threads", 1),
                              "train CPU ms/step": f"{r['cpu_ms_per_step_steady']:.0f}", "MD CPU ms/step": f"{md_ms:.1f}",
                              f"train h ({budget.steps} steps)": f"{train_h:.2f}", f"MD h ({budget.md_ps:g} ps)": f"{md_h:.2f}",
                              f"evaluation h ({frames} frames)": f"{eval_h:.2f}", "run h": f"{train_h + md_h + eval_h:.2f}"})

@@ -116,8 +116,11 @@ the issue's target is EST default force MAE <= 0.90x EquiformerV2 at equal time.
 Plots: ``benchmarks/results/plots/forces_<molecule>.png`` (curves vs steps and
 vs seconds, one line per seed).
 
-Each (molecule, model, seed) is one subprocess with one thread, ``--jobs`` at
-a time, in ``ROOT/<molecule>/<model>-s<seed>/``; it resumes a killed run
+Each (molecule, model, seed) is one subprocess with one thread (``--threads``:
+more, for a run that must finish sooner; it changes the wall-clock only, as the
+equal-time budgets and the step-cost clock use the one-thread step costs, but the
+run's own CPU seconds, for training and MD, then count every thread: the run
+records ``threads``), ``--jobs`` at a time, in ``ROOT/<molecule>/<model>-s<seed>/``; it resumes a killed run
 (est: the trainer's ``last.pt`` and ``curve.jsonl``; MACE: its own checkpoint;
 test metrics, equivariance and MD are kept in their own JSON files; the MD
 saves its trajectory state every 1,000 steps in ``md_state.json``) and is
@@ -213,7 +216,7 @@ def refresh_metrics(rd: Path, data_dir: Path, budget: Budget) -> bool:
 
 
 def run_est(molecule: str, model: str, seed: int, rd: Path, data_dir: Path, budget: Budget, *,
-            root: Path) -> dict[str, Any]:
+            root: Path, threads: int = 1) -> dict[str, Any]:
     """One est run: train (resumable), then test metrics, trained rotation error and NVE MD (each cached).
     A ``<model>@time`` run trains for :func:`time_budget`'s steps (``root``: the study root, whose step
     costs set them)."""
@@ -223,7 +226,7 @@ def run_est(molecule: str, model: str, seed: int, rd: Path, data_dir: Path, budg
     from est.testing.check import load_model_for_check
     from est.train import Trainer, load_config
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     datasets = est_datasets(data_dir, molecule, budget)
     natoms = int(datasets["train"][0].natoms)
     timing = time_budget(root, molecule, model, data_dir, budget, rd) if is_timed(model) else None
@@ -263,12 +266,13 @@ def run_est(molecule: str, model: str, seed: int, rd: Path, data_dir: Path, budg
 
 
 # ------------------------------------------------------------------ one MACE run (subprocess)
-def run_mace(molecule: str, seed: int, rd: Path, data_dir: Path, root: Path, budget: Budget, dtype: str) -> dict[str, Any]:
+def run_mace(molecule: str, seed: int, rd: Path, data_dir: Path, root: Path, budget: Budget, dtype: str, *,
+             threads: int = 1) -> dict[str, Any]:
     from est.data import LmdbDataset
 
     files = mace_files(data_dir, molecule, root, budget)
     n_train = len(split_indices(len(LmdbDataset(str(molecule_dir(data_dir, molecule) / "train"))), budget)[0])
-    cfg = mb.MaceTrainConfig(seed=seed, threads=1, batch_size=budget.batch_size, default_dtype=dtype,
+    cfg = mb.MaceTrainConfig(seed=seed, threads=threads, batch_size=budget.batch_size, default_dtype=dtype,
                              keep_freed_memory=True)  # speed only: its clock is mace_step_cost
     cfg = replace(cfg, epochs=cfg.epochs_for_steps(budget.steps, n_train, valid_given=True))
     print(f"[forces] {molecule}/mace/seed {seed}: {cfg.epochs} epochs of {cfg.steps_per_epoch(n_train, valid_given=True)} "
@@ -317,7 +321,9 @@ def main(argv=None) -> int:
                         "runs (MODEL@time: MODEL trained in est-ffn's time, its schedule ending there; MODEL@w2-time: "
                         "the same in est-ffn-w2's time)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
+    p.add_argument("--jobs", type=int, default=2, help="runs at a time")
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads per run (1: the study's protocol; more changes the wall-clock, not the budgets)")
     p.add_argument("--root", default=str(REPO / "runs" / "forces"))
     p.add_argument("--quick", action="store_true", help="smoke run: 12 steps on 48 frames, 0.1 ps MD, in ROOT/quick")
     p.add_argument("--md-ps", type=float, default=None, help="NVE length in ps (default 10; quick 0.1)")
@@ -329,6 +335,8 @@ def main(argv=None) -> int:
                    help="first re-evaluate the test metrics of finished runs recorded without per-frame errors")
     p.add_argument("--one", nargs=3, metavar=("MOLECULE", "MODEL", "SEED"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.threads < 1:
+        p.error(f"--threads must be at least 1, got {args.threads}")
     budget = QUICK if args.quick else FULL
     if args.md_ps is not None:
         budget = replace(budget, md_ps=args.md_ps)
@@ -340,9 +348,9 @@ def main(argv=None) -> int:
         rd = run_dir(root, molecule, model, seed)
         t0, c0 = time.perf_counter(), time.process_time()
         load0 = os.getloadavg()[0]
-        rec = (run_mace(molecule, seed, rd, data_dir, root, budget, args.mace_dtype) if model == MACE
-               else run_est(molecule, model, seed, rd, data_dir, budget, root=root))
-        rec.update(wall_s=time.perf_counter() - t0, process_cpu_s=time.process_time() - c0, loadavg=[load0, os.getloadavg()[0]],
+        rec = (run_mace(molecule, seed, rd, data_dir, root, budget, args.mace_dtype, threads=args.threads)
+               if model == MACE else run_est(molecule, model, seed, rd, data_dir, budget, root=root, threads=args.threads))
+        rec.update(threads=args.threads, wall_s=time.perf_counter() - t0, process_cpu_s=time.process_time() - c0, loadavg=[load0, os.getloadavg()[0]],
                    budget=asdict(budget))
         (rd / "result.json").write_text(json.dumps(rec, indent=1, default=str))
         return 0
@@ -390,6 +398,7 @@ def main(argv=None) -> int:
                     print(f"[forces] {job}: test metrics re-evaluated with per-frame errors", flush=True)
         common.launch(jobs, command=lambda job: [sys.executable, __file__, "--one", *map(str, job), "--root", args.root,
                                                  "--data-dir", str(data_dir), "--mace-dtype", args.mace_dtype,
+                                                 "--threads", str(args.threads),
                                                  *(["--quick"] if args.quick else []),
                                                  *(["--md-ps", str(args.md_ps)] if args.md_ps is not None else [])],
                       run_dir=lambda job: run_dir(root, *job), parallel=args.jobs, tag="forces")

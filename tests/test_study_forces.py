@@ -808,19 +808,24 @@ def test_study_rerenders_without_losing_provenance_and_refuses_other_data_before
                  "--root", str(tmp_path / "runs")])
 
 
+def stored_ethanol_study(sf, fs, fc, monkeypatch, tmp_path):
+    """``(common, data, root)``: a stored study with ethanol's runs in a temporary results folder, a generated
+    ethanol set of the same manifest and a run root; nothing is re-timed and MACE is not installed."""
+    common = importlib.import_module("common")
+    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(fc, "calibrate", lambda *a, **k: pytest.fail("re-timed"))
+    monkeypatch.setattr(sf.mb, "available", lambda: False)
+    stored_study(fs, fc, common, {"molecules": {"ethanol": manifest_entry()}})
+    return common, generated_set(tmp_path / "xtb", {"ethanol": manifest_entry()}), tmp_path / "runs"
+
+
 def test_a_long_run_merges_with_the_results_file_as_it_is_when_the_run_ends(sf, fs, fc, monkeypatch, tmp_path):
     """Two drivers share forces.json (one per core, hours each): the one that ends last keeps the runs and the
     molecule the other merged while it trained, not the file it read when it started."""
     import json
     from dataclasses import asdict
 
-    common = importlib.import_module("common")
-    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
-    monkeypatch.setattr(fc, "calibrate", lambda *a, **k: pytest.fail("re-timed"))
-    monkeypatch.setattr(sf.mb, "available", lambda: False)
-    stored_study(fs, fc, common, {"molecules": {"ethanol": manifest_entry()}})
-    data = generated_set(tmp_path / "xtb", {"ethanol": manifest_entry()})
-    root = tmp_path / "runs"
+    common, data, root = stored_ethanol_study(sf, fs, fc, monkeypatch, tmp_path)
 
     def launch(jobs, *, run_dir, **kw):  # this driver's run, while another merges its own and a new molecule
         other = json.loads((common.RESULTS / "forces.json").read_text())
@@ -902,3 +907,32 @@ def test_target_verdict_needs_three_seeds(ft):
     assert ft._verdict([0.85, 0.87], 0.90).endswith("2/2 seeds within: not yet met (2 of the 3 seeds needed).")
     assert ft._verdict([0.85, 0.99], 0.90).endswith("mean 0.92, 1/2 seeds within: not met.")
     assert ft._verdict([0.95, 0.93, 0.91, 0.85], 0.90).endswith("mean 0.91, 1/4 seeds within: not met.")
+
+
+def test_threads_reach_each_run_and_are_recorded(sf, fs, fc, monkeypatch, tmp_path):
+    """``--threads`` goes on every run's command line; the run hands it to the model's trainer and records it
+    (its own CPU seconds then count every thread); fewer than one thread is refused before anything runs."""
+    import json
+
+    common, data, root = stored_ethanol_study(sf, fs, fc, monkeypatch, tmp_path)
+    commands = []
+
+    def launch(jobs, *, command, run_dir, **kw):  # each job's command run in this process
+        for job in jobs:
+            commands.append(command(job))
+            assert sf.main(command(job)[2:]) == 0
+
+    def run_est(molecule, model, seed, rd, data_dir, budget, *, root, threads=1):
+        rd.mkdir(parents=True, exist_ok=True)
+        return record(model, seed, 9.5, curve(2.0, [35.0, 23.0, 11.5])) | {"molecule": molecule, "seen": threads}
+
+    monkeypatch.setattr(common, "launch", launch)
+    monkeypatch.setattr(sf, "run_est", run_est)
+    args = ["--data-dir", str(data), "--molecules", "ethanol", "--models", "est-default", "--seeds", "1", "--root", str(root)]
+    with pytest.raises(SystemExit):
+        sf.main([*args, "--threads", "0"])
+    assert not commands
+    assert sf.main([*args, "--threads", "2"]) == 0
+    assert commands[0][commands[0].index("--threads") + 1] == "2"
+    rec = json.loads((fs.run_dir(root, "ethanol", "est-default", 1) / "result.json").read_text())
+    assert (rec["seen"], rec["threads"]) == (2, 2)
