@@ -920,7 +920,7 @@ def test_threads_reach_each_run_and_are_recorded(sf, fs, fc, monkeypatch, tmp_pa
     def launch(jobs, *, command, run_dir, **kw):  # each job's command run in this process
         for job in jobs:
             commands.append(command(job))
-            assert sf.main(command(job)[2:]) == 0
+            assert sf.main(commands[-1][2:]) == 0
 
     def run_est(molecule, model, seed, rd, data_dir, budget, *, root, threads=1):
         rd.mkdir(parents=True, exist_ok=True)
