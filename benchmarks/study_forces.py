@@ -138,11 +138,13 @@ the generator's manifest against ``data_manifest``, checked before any run;
     python benchmarks/study_forces.py --data-dir DATA --quick --molecules ethanol   # smoke run (ROOT/quick), with
                                                                       # the projected CPU hours of the full runs
     python benchmarks/study_forces.py --tables-only                   # tables and plots from the stored runs
+    python benchmarks/study_forces.py --status                        # each run's stage, progress, time left
 
 This file runs the study (one run, the driver); its parts: ``forces_setup.py``
 (molecules, models, budget, run folders, data, an est run's overrides),
 ``forces_clock.py`` (the training clock and the step costs),
-``forces_provenance.py`` (which data sets the stored runs trained on) and
+``forces_provenance.py`` (which data sets the stored runs trained on),
+``forces_status.py`` (where each run of a root stands, from its folder) and
 ``forces_tables.py`` (curves, tables, plots; what ``summary.py`` renders).
 """
 from __future__ import annotations
@@ -170,6 +172,7 @@ from forces_setup import (ABLATIONS, CLOCKS, FULL, MACE, MD_STATE, MODEL_CHOICES
                           est_overrides, is_timed, mace_files, molecule_dir, reference_of, relaxed_atoms, run_dir,
                           split_indices)
 from forces_provenance import check_record, checked_manifest  # noqa: E402
+from forces_status import merged_runs, status_table  # noqa: E402
 from forces_tables import plot_curves, projection, tables  # noqa: E402
 
 
@@ -335,6 +338,9 @@ def main(argv=None) -> int:
     p.add_argument("--tables-only", action="store_true", help="no training: tables and plots from the stored runs")
     p.add_argument("--refresh-metrics", action="store_true",
                    help="first re-evaluate the test metrics of finished runs recorded without per-frame errors")
+    p.add_argument("--status", action="store_true",
+                   help="where each run under ROOT stands (training or NVE step, time left at its pace, merged or "
+                        "not); runs nothing")
     p.add_argument("--one", nargs=3, metavar=("MOLECULE", "MODEL", "SEED"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.threads < 1:
@@ -344,6 +350,10 @@ def main(argv=None) -> int:
         budget = replace(budget, md_ps=args.md_ps)
     root = Path(args.root) / "quick" if args.quick else Path(args.root)
     data_dir = Path(args.data_dir)
+
+    if args.status:
+        print(status_table(root, budget, merged_runs(None if args.quick else common.load("forces"))), flush=True)
+        return 0
 
     if args.one:
         molecule, model, seed = args.one[0], args.one[1], int(args.one[2])

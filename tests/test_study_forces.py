@@ -14,7 +14,7 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 #: the study's modules: its setup, tables and clocks, and the driver
 MODULES = {"fs": "forces_setup", "ft": "forces_tables", "fc": "forces_clock", "sf": "study_forces", "bs": "bench_step_cost",
-           "fp": "forces_provenance"}
+           "fp": "forces_provenance", "fst": "forces_status"}
 
 
 @pytest.fixture(scope="module")
@@ -31,14 +31,15 @@ def study():
 
 
 def _module_fixture(key: str):
-    """The fixture ``key`` (``sf``, ``fs``, ``ft``, ``fc``, ``bs``, ``fp``): that module of the study."""
+    """The fixture ``key`` (``sf``, ``fs``, ``ft``, ``fc``, ``bs``, ``fp``, ``fst``): that module of the study."""
     @pytest.fixture(scope="module", name=key)
     def module(study):
         return study[key]
     return module
 
 
-fs_fixture, ft_fixture, fc_fixture, sf_fixture, bs_fixture, fp_fixture = (_module_fixture(key) for key in MODULES)
+fs_fixture, ft_fixture, fc_fixture, sf_fixture, bs_fixture, fp_fixture, fst_fixture = (_module_fixture(key)
+                                                                                      for key in MODULES)
 
 
 def curve(step_s: float, maes: list[float], every: int = 10) -> list[dict]:
@@ -936,3 +937,55 @@ def test_threads_reach_each_run_and_are_recorded(sf, fs, fc, monkeypatch, tmp_pa
     assert commands[0][commands[0].index("--threads") + 1] == "2"
     rec = json.loads((fs.run_dir(root, "ethanol", "est-default", 1) / "result.json").read_text())
     assert (rec["seen"], rec["threads"]) == (2, 2)
+
+
+def test_status_reads_each_runs_stage_from_its_folder_and_writes_nothing(sf, fs, fst, monkeypatch, tmp_path, capsys):
+    """``--status``: the furthest file present decides a run's stage; progress and time left come from its own
+    learning curve or NVE state; a record in the results file reads as merged; nothing is written."""
+    import json
+
+    root = tmp_path / "forces"
+
+    def folder(molecule: str, name: str, files: dict[str, object]) -> None:
+        rd = root / molecule / name
+        rd.mkdir(parents=True)
+        for file, content in files.items():
+            (rd / file).write_text(content if isinstance(content, str) else json.dumps(content))
+
+    folder("ethanol", "est-ffn-s0", {"result.json": {}})
+    folder("ethanol", "est-default-s0", {"result.json": {}, "md.json": {}})
+    folder("ethanol", "est-default-s1", {"test.json": {}, fs.MD_STATE: {"done": 4000, "spent": [400.0, 800.0]}})
+    folder("ethanol", "est-default-s2", {"test.json": {}})
+    curve_lines = "\n".join(json.dumps({"step": s, "seconds": 2.0 * s}) for s in (50, 100)) + "\n"
+    folder("aspirin", "est-default@time-s2", {"curve.jsonl": curve_lines, "time_budget.json": {"steps": 300}})
+    folder("aspirin", "mace-s0", {})
+    folder("aspirin", "notes", {"x.txt": "not a run"})
+    folder("benzene", "est-ffn-s0", {"result.json": {}})  # not a study molecule
+
+    assert [f[:3] for f in fst.run_folders(root)] == [("ethanol", "est-default", 0), ("ethanol", "est-default", 1),
+                                                     ("ethanol", "est-default", 2), ("ethanol", "est-ffn", 0),
+                                                     ("aspirin", "est-default@time", 2), ("aspirin", "mace", 0)]
+    st = {f[:3]: fst.stage(f[3], f[1], fs.FULL, merged=f[:3] == ("ethanol", "est-ffn", 0)) for f in fst.run_folders(root)}
+    assert st[("ethanol", "est-ffn", 0)].name == "merged"
+    assert st[("ethanol", "est-default", 0)].name == "finished, not merged"
+    nve = st[("ethanol", "est-default", 1)]
+    assert (nve.name, nve.done, nve.total) == ("NVE", 4000, fs.FULL.md_steps)
+    assert nve.left_s == pytest.approx(400.0 / 4000 * (fs.FULL.md_steps - 4000))  # wall seconds, not CPU
+    assert (st[("ethanol", "est-default", 2)].name, st[("ethanol", "est-default", 2)].done) == ("tested, NVE next", 0)
+    train = st[("aspirin", "est-default@time", 2)]
+    assert (train.name, train.done, train.total, train.left_s) == ("training", 100, 300, pytest.approx(400.0))
+    assert st[("aspirin", "mace", 0)].name == "not started"
+    assert all(s.last_write is not None for k, s in st.items() if k != ("aspirin", "mace", 0))
+
+    stored = {"runs": {"ethanol": {"est-ffn": [{"seed": 0}]}}}
+    assert fst.merged_runs(stored) == {("ethanol", "est-ffn", 0)}
+    monkeypatch.setattr(sf.common, "load", lambda name: stored)
+    before = sorted(p for p in tmp_path.rglob("*"))
+    assert sf.main(["--status", "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "| ethanol | est-ffn | 0 | merged | - | - |" in out
+    assert "| ethanol | est-default | 1 | NVE | 4,000 / 20,000 MD steps | 0:27 |" in out
+    assert "| aspirin | est-default@time | 2 | training | 100 / 300 steps | 0:07 |" in out
+    assert sorted(p for p in tmp_path.rglob("*")) == before  # no budget.json, no results, nothing
+    assert sf.main(["--status", "--root", str(tmp_path / "empty")]) == 0
+    assert "no run folders under" in capsys.readouterr().out
