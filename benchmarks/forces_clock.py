@@ -15,6 +15,24 @@ from forces_setup import (MACE, REFERENCE, Budget, cached, cost_model, est_datas
                           molecule_dir, reference_of, timed_steps)
 
 
+def read_curve(path: Path) -> list[dict]:
+    """The learning-curve points in ``path`` (JSON lines; none if it does not exist). A last line cut short
+    (a process killed while appending it) is dropped, so the run resumes from the points before it; a bad
+    line anywhere else is an error that names the file and the line."""
+    path = Path(path)
+    lines = [x for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    points = []
+    for i, line in enumerate(lines, start=1):
+        try:
+            points.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if i == len(lines):
+                break
+            raise ValueError(f"{path}: line {i} is not a learning-curve point ({exc}). Fix: delete that line, "
+                             "or the run folder to rerun the run") from None
+    return points
+
+
 class TrainingClock:
     """Optimisation seconds of an ``est.train.Trainer`` (wall and CPU), evaluations excluded.
 
@@ -30,8 +48,7 @@ class TrainingClock:
 
     def __init__(self, trainer, path: Path, natoms: int):
         self.trainer, self.path, self.natoms = trainer, Path(path), natoms
-        old = [json.loads(x) for x in self.path.read_text().splitlines() if x.strip()] if self.path.exists() else []
-        self.points = [p for p in old if p["step"] <= trainer.step]
+        self.points = [p for p in read_curve(self.path) if p["step"] <= trainer.step]
         self.path.write_text("".join(json.dumps(p) + "\n" for p in self.points))
         self.offset = (0.0, 0.0)
         if self.points:

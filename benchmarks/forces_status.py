@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from forces_clock import read_curve
 from forces_setup import MACE, MD_STATE, MOLECULES, Budget
 
 import mace_baseline as mb
@@ -76,8 +77,7 @@ def _training(rd: Path, model: str, budget: Budget) -> Stage:
         path = rd / "curve.jsonl"
         if not path.exists():
             return Stage("not started")
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        points = [(int(r["step"]), float(r["seconds"])) for r in rows]
+        points = [(int(r["step"]), float(r["seconds"])) for r in read_curve(path)]
         timing = rd / "time_budget.json"  # an @time run trains the steps its time buys
         total = int(json.loads(timing.read_text())["steps"]) if timing.exists() else budget.steps
     done = points[-1][0] if points else 0

@@ -956,7 +956,7 @@ def test_status_reads_each_runs_stage_from_its_folder_and_writes_nothing(sf, fs,
     folder("ethanol", "est-default-s0", {"result.json": {}, "md.json": {}})
     folder("ethanol", "est-default-s1", {"test.json": {}, fs.MD_STATE: {"done": 4000, "spent": [400.0, 800.0]}})
     folder("ethanol", "est-default-s2", {"test.json": {}})
-    curve_lines = "\n".join(json.dumps({"step": s, "seconds": 2.0 * s}) for s in (50, 100)) + "\n"
+    curve_lines = "\n".join(json.dumps({"step": s, "seconds": 2.0 * s}) for s in (50, 100)) + '\n{"step": 15'  # cut short
     folder("aspirin", "est-default@time-s2", {"curve.jsonl": curve_lines, "time_budget.json": {"steps": 300}})
     folder("aspirin", "mace-s0", {})
     folder("aspirin", "notes", {"x.txt": "not a run"})
@@ -989,3 +989,23 @@ def test_status_reads_each_runs_stage_from_its_folder_and_writes_nothing(sf, fs,
     assert sorted(p for p in tmp_path.rglob("*")) == before  # no budget.json, no results, nothing
     assert sf.main(["--status", "--root", str(tmp_path / "empty")]) == 0
     assert "no run folders under" in capsys.readouterr().out
+
+
+def test_a_learning_curve_cut_short_by_a_kill_resumes_from_the_points_before_it(fc, tmp_path):
+    """A process killed while appending a curve point leaves half a line: the resumed clock drops it (and
+    rewrites the file without it) and continues from the last whole point; a bad line elsewhere is named."""
+    import json
+    from types import SimpleNamespace
+
+    path = tmp_path / "curve.jsonl"
+    whole = [{"step": s, "seconds": 3.0 * s, "cpu_seconds": 2.0 * s} for s in (50, 100)]
+    path.write_text("".join(json.dumps(p) + "\n" for p in whole) + '{"step": 150, "seco')
+    assert fc.read_curve(path) == whole
+    trainer = SimpleNamespace(step=100, evaluate=lambda split="val", **kw: {}, on_step_end=None)
+    clock = fc.TrainingClock(trainer, path, natoms=9)
+    assert clock.points == whole and clock.offset == (300.0, 200.0)
+    assert fc.read_curve(path) == whole and path.read_text().endswith("}\n")
+    path.write_text('{"step": 50\n' + json.dumps(whole[1]) + "\n")
+    with pytest.raises(ValueError, match="line 1 is not a learning-curve point"):
+        fc.read_curve(path)
+    assert fc.read_curve(tmp_path / "none.jsonl") == []
