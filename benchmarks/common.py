@@ -198,6 +198,13 @@ def launch(jobs: list[tuple], *, command, run_dir, parallel: int, fresh: bool = 
         sys.stdout.flush()
 
 
+def write_result(rd: Path, rec: dict) -> None:
+    """``rd/result.json``, one finished run's record, written atomically: a run killed while writing it leaves
+    no half record behind (which :func:`launch` would skip and :func:`load_results` could not read) and is run
+    again."""
+    atomic_text(Path(rd) / "result.json", json.dumps(rec, indent=1, default=str))
+
+
 def load_results(jobs: list[tuple], run_dir) -> dict[str, dict[str, list[dict]]]:
     """``{group: {model: [record, ...]}}`` from the ``run_dir(job)/result.json`` of each ``(group, model, seed)`` job that has one."""
     out: dict[str, dict[str, list[dict]]] = {}

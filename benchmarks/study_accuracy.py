@@ -64,7 +64,6 @@ Wall times of concurrent jobs share the machine: compare them within one table.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -259,7 +258,7 @@ def main(argv=None) -> int:
     if args.one:
         data, model, seed = args.one[0], args.one[1], int(args.one[2])
         rec = train_one(data, model, seed, root, args.extra)
-        (run_dir(root, data, model, seed) / "result.json").write_text(json.dumps(rec, indent=1, default=str))
+        common.write_result(run_dir(root, data, model, seed), rec)
         return 0
 
     if not fe.available():

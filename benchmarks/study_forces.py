@@ -364,7 +364,7 @@ def main(argv=None) -> int:
                if model == MACE else run_est(molecule, model, seed, rd, data_dir, budget, root=root, threads=args.threads))
         rec.update(threads=args.threads, wall_s=time.perf_counter() - t0, process_cpu_s=time.process_time() - c0, loadavg=[load0, os.getloadavg()[0]],
                    budget=asdict(budget))
-        (rd / "result.json").write_text(json.dumps(rec, indent=1, default=str))
+        common.write_result(rd, rec)
         return 0
 
     t0 = time.perf_counter()

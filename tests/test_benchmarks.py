@@ -109,20 +109,13 @@ def test_merge_runs_keeps_other_models_and_seeds(bench_modules, monkeypatch, tmp
     assert common.merge_runs("absent", new, compatible=lambda old: True) == new
 
 
-def test_results_file_is_never_left_half_written(bench_modules, monkeypatch, tmp_path):
-    """A write killed part-way (here: the disk fills) leaves the previous results file whole: drivers on other
-    cores read it back to merge their runs."""
-    import json
-
-    common = importlib.import_module("common")
-    monkeypatch.setattr(common, "RESULTS", tmp_path)
-    common.save("forces", {"runs": {"ethanol": {}}}, machine=False)
-
+def disk_fills_after_half(monkeypatch) -> None:
+    """From here on, any file opened for writing takes half of its first write, then the disk is full."""
     import io
 
     real_open = io.open
 
-    class HalfThenFail:  # any file opened for writing takes half of its first write, then the disk is full
+    class HalfThenFail:
         def __init__(self, f):
             self.f = f
 
@@ -145,10 +138,37 @@ def test_results_file_is_never_left_half_written(bench_modules, monkeypatch, tmp
         return HalfThenFail(f) if any(c in mode for c in "wax") else f
 
     monkeypatch.setattr(io, "open", failing_open)
+
+
+def test_results_file_is_never_left_half_written(bench_modules, monkeypatch, tmp_path):
+    """A write killed part-way (here: the disk fills) leaves the previous results file whole: drivers on other
+    cores read it back to merge their runs."""
+    import json
+
+    common = importlib.import_module("common")
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    common.save("forces", {"runs": {"ethanol": {}}}, machine=False)
+    disk_fills_after_half(monkeypatch)
     with pytest.raises(OSError, match="No space"):
         common.save("forces", {"runs": {"ethanol": {"est-ffn": []}}}, machine=False)
     assert json.loads((tmp_path / "forces.json").read_text()) == {"runs": {"ethanol": {}}}
     assert [p.name for p in tmp_path.iterdir()] == ["forces.json"]  # no temporary file left
+
+
+def test_a_runs_record_is_never_left_half_written(bench_modules, monkeypatch, tmp_path):
+    """``result.json`` marks a run done (the drivers skip it and merge it): a write cut short leaves none, so
+    the run is run again, and a whole one reads back as written."""
+    common = importlib.import_module("common")
+    rd = tmp_path / "ethanol" / "est-ffn-s0"
+    rec = {"model": "est-ffn", "seed": 0, "run_dir": rd}
+    common.write_result(rd, rec)
+    job = ("ethanol", "est-ffn", 0)
+    assert common.load_results([job], lambda j: rd) == {"ethanol": {"est-ffn": [rec | {"run_dir": str(rd)}]}}
+    other = tmp_path / "ethanol" / "est-ffn-s1"
+    disk_fills_after_half(monkeypatch)
+    with pytest.raises(OSError, match="No space"):
+        common.write_result(other, rec)
+    assert list(other.iterdir()) == []  # no result.json, no temporary file
 
 
 def test_interrupted_accuracy_run_writes_no_result(bench_modules, monkeypatch, tmp_path):
