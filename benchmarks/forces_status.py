@@ -1,5 +1,5 @@
-"""Where each run of a force study stands (``study_forces.py --status``): read from its run folder, nothing run,
-loaded or written.
+"""Where each run of a force study stands (``study_forces.py --status``), read from the small files in its run
+folder: nothing is run or written, and no checkpoint is loaded.
 
 A run folder ``ROOT/<molecule>/<model>-s<seed>`` goes through these stages, each leaving a file behind:
 
