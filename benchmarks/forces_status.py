@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable
 
@@ -39,12 +39,13 @@ _RUN = re.compile(r"^(?P<model>.+)-s(?P<seed>\d+)$")
 
 @dataclass(frozen=True)
 class Stage:
-    """One run's stage: its name, progress ``done`` of ``total`` (steps or MD steps; None where it has none), the
-    seconds the stage still needs at its own pace (None: unknown), and the newest write in its folder (epoch s)."""
+    """One run's stage: its name, progress ``done`` of ``total`` ``unit`` (None where it has none), the seconds
+    the stage still needs at its own pace (None: unknown), and the newest write in its folder (epoch s)."""
 
     name: str
     done: int | None = None
     total: int | None = None
+    unit: str = "steps"
     left_s: float | None = None
     last_write: float | None = None
 
@@ -82,28 +83,28 @@ def _training(rd: Path, model: str, budget: Budget) -> Stage:
         total = int(json.loads(timing.read_text())["steps"]) if timing.exists() else budget.steps
     done = points[-1][0] if points else 0
     pace = _pace(points)
-    return Stage("training", done, total, None if pace is None else pace * max(total - done, 0))
+    return Stage("training", done=done, total=total, left_s=None if pace is None else pace * max(total - done, 0))
 
 
 def stage(rd: Path, model: str, budget: Budget, *, merged: bool = False) -> Stage:
     """The stage of the run in folder ``rd`` (its ``model``; ``merged``: its record is in the results file)."""
     rd = Path(rd)
-    files = [p for p in rd.rglob("*") if p.is_file()]
-    last = max((p.stat().st_mtime for p in files), default=None)
+    last = max((p.stat().st_mtime for p in rd.rglob("*") if p.is_file()), default=None)
     if (rd / "result.json").exists():
         found = Stage("merged" if merged else "finished, not merged")
     elif (rd / "md.json").exists():
-        found = Stage("NVE done, record not written", budget.md_steps, budget.md_steps)
+        found = Stage("NVE done, record not written", done=budget.md_steps, total=budget.md_steps, unit="MD steps")
     elif (rd / MD_STATE).exists():
         state = json.loads((rd / MD_STATE).read_text())
         done = int(state["done"])
         wall = float(state["spent"][0])
-        found = Stage("NVE", done, budget.md_steps, wall / done * (budget.md_steps - done) if done else None)
+        found = Stage("NVE", done=done, total=budget.md_steps, unit="MD steps",
+                      left_s=wall / done * (budget.md_steps - done) if done else None)
     elif (rd / "test.json").exists():
-        found = Stage("tested, NVE next", 0, budget.md_steps)
+        found = Stage("tested, NVE next", done=0, total=budget.md_steps, unit="MD steps")
     else:
         found = _training(rd, model, budget)
-    return Stage(found.name, found.done, found.total, found.left_s, last)
+    return replace(found, last_write=last)
 
 
 def _hours(seconds: float | None) -> str:
@@ -123,8 +124,7 @@ def status_table(root: Path, budget: Budget, merged: Iterable[tuple[str, str, in
             "|---|---|---|---|---|---|---|"]
     for molecule, model, seed, rd in run_folders(root):
         st = stage(rd, model, budget, merged=(molecule, model, seed) in merged)
-        unit = " MD steps" if st.name.startswith("NVE") or st.name.startswith("tested") else " steps"
-        progress = f"{st.done:,} / {st.total:,}{unit}" if st.total is not None else "-"
+        progress = f"{st.done:,} / {st.total:,} {st.unit}" if st.total is not None else "-"
         ago = "-" if st.last_write is None else f"{(now - st.last_write) / 60.0:.0f}"
         rows.append(f"| {molecule} | {model} | {seed} | {st.name} | {progress} | {_hours(st.left_s)} | {ago} |")
     if len(rows) == 2:

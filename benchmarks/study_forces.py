@@ -214,9 +214,7 @@ def refresh_metrics(rd: Path, data_dir: Path, budget: Budget) -> bool:
     if moved:
         print(f"[forces] {rd}: the re-evaluated test metrics differ from the recorded ones: {moved}", flush=True)
     rec["metrics"] = metrics
-    from est.data.cache import atomic_json
-
-    atomic_json(str(path), rec)
+    common.write_result(rd, rec)
     return True
 
 
