@@ -1,6 +1,7 @@
 """Shared helpers for the benchmark scripts: timing, tables, JSON output."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -8,7 +9,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -99,9 +100,14 @@ def paired(recs: list[dict], base: list[dict], key: str) -> tuple[list[float], i
     return ratios, sum(x < 1 for x in ratios)
 
 
+def results_file(name: str) -> Path:
+    """``benchmarks/results/<name>.json``: a study's or bench's results."""
+    return RESULTS / f"{name}.json"
+
+
 def load(name: str) -> dict | None:
     """``benchmarks/results/<name>.json``, or None when it does not exist."""
-    path = RESULTS / f"{name}.json"
+    path = results_file(name)
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -128,9 +134,30 @@ def save(name: str, payload: dict, *, machine: bool = True) -> Path:
             threads=torch.get_num_threads(),
             cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         )
-    path = RESULTS / f"{name}.json"
+    path = results_file(name)
     atomic_text(path, json.dumps(payload, indent=1, default=str))
     return path
+
+
+def lock_file(path: Path) -> Path:
+    """The lock beside a results file: ``<folder>/.<name>.lock`` (ignored by git)."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.lock")
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold the exclusive lock on the results file ``path`` (waiting while another driver holds it) for one
+    read-merge-write: drivers run side by side, one per core and hours each, and two that end together would
+    otherwise each merge their runs into the file as it was before the other wrote, and the second write would
+    drop the first's runs. Released when the block ends, or when the process dies."""
+    import fcntl  # POSIX: here, not at the top, so the benchmarks that merge nothing import on any system
+
+    lock = lock_file(path)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def merge_runs(name: str, runs: dict[str, dict[str, list[dict]]], *, compatible,

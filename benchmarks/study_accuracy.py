@@ -64,6 +64,7 @@ Wall times of concurrent jobs share the machine: compare them within one table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -271,15 +272,18 @@ def main(argv=None) -> int:
         launch(jobs, root, (QUICK if args.quick else []) + list(args.override), args.jobs, args.fresh)
     results = load_results(root, args.data, args.models, args.seeds)
     saving = bool(results) and not (args.no_save or args.quick)  # a smoke run never replaces real results
-    if saving:  # runs of the other models and seeds already in <save-as>.json stay
-        results = merge_runs(args.save_as, results, compatible=lambda old: old.get("overrides", []) == args.override)
-    text = tables(results)
-    if saving:
-        seeds = sorted({r["seed"] for models in results.values() for recs in models.values() for r in recs})
-        path = save(args.save_as, dict(description=__doc__.split("\n\n")[0], datasets=DATASETS, models=MODELS,
-                                     seeds=seeds, wall_s=time.perf_counter() - t0, fairchem=fairchem_version(args.save_as),
-                                     overrides=args.override, runs=results, tables=text))
-        print(f"[accuracy] wrote {path}")
+    # read, merged and written under the file's lock: a driver ending beside this one keeps its runs too
+    with common.locked(common.results_file(args.save_as)) if saving else contextlib.nullcontext():
+        if saving:  # runs of the other models and seeds already in <save-as>.json stay
+            results = merge_runs(args.save_as, results, compatible=lambda old: old.get("overrides", []) == args.override)
+        text = tables(results)
+        if saving:
+            seeds = sorted({r["seed"] for models in results.values() for recs in models.values() for r in recs})
+            path = save(args.save_as, dict(description=__doc__.split("\n\n")[0], datasets=DATASETS, models=MODELS,
+                                         seeds=seeds, wall_s=time.perf_counter() - t0,
+                                         fairchem=fairchem_version(args.save_as), overrides=args.override,
+                                         runs=results, tables=text))
+            print(f"[accuracy] wrote {path}")
     return 0
 
 

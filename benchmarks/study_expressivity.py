@@ -47,7 +47,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "baseline"))
 import mace_baseline as mb  # noqa: E402
-from common import RESULTS, markdown_table, print_table  # noqa: E402
+from common import RESULTS, locked, markdown_table, print_table  # noqa: E402
 
 from est.data.cache import atomic_text  # noqa: E402
 
@@ -247,11 +247,7 @@ def update(path: Path, change, *, empty=empty_study) -> dict:
     Under an exclusive lock on ``.<name>.lock`` beside it, so drivers run side by side (say one per
     ``--models``) add their results without overwriting each other's.
     """
-    import fcntl
-
-    path.parent.mkdir(exist_ok=True, parents=True)
-    with open(path.with_name(f".{path.name}.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(path):
         data = json.loads(path.read_text()) if path.exists() else empty()
         change(data)
         save(data, path)

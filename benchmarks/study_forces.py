@@ -131,7 +131,9 @@ budget of a root is fixed by its first call (``ROOT/budget.json``). New runs
 are merged with the runs stored in ``forces.json`` only when each molecule's
 set in DATA is the one the stored runs trained on (``forces_provenance.py``:
 the generator's manifest against ``data_manifest``, checked before any run;
-``data_checks`` records when); the stored file's other fields stay.
+``data_checks`` records when); the stored file's other fields stay. Drivers
+run side by side (one per core): each reads, merges and writes ``forces.json``
+under the file's lock (``common.locked``), when its runs end.
 
     python benchmarks/study_forces.py --data-dir DATA                 # 4 molecules x 5 models x 3 seeds
     python benchmarks/study_forces.py --data-dir DATA --molecules ethanol --models est-ffn est-default --seeds 0
@@ -150,6 +152,7 @@ This file runs the study (one run, the driver); its parts: ``forces_setup.py``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -412,54 +415,57 @@ def main(argv=None) -> int:
                                                  *(["--quick"] if args.quick else []),
                                                  *(["--md-ps", str(args.md_ps)] if args.md_ps is not None else [])],
                       run_dir=lambda job: run_dir(root, *job), parallel=args.jobs, tag="forces")
-        # read again after the runs (hours): another driver may have merged its runs, or added a molecule, meanwhile
+    # the results file is read (again, after runs of hours: another driver may have merged its runs or added a
+    # molecule meanwhile), merged and written under its lock, so two drivers that end together keep both's runs
+    with contextlib.nullcontext() if args.quick else common.locked(common.results_file("forces")):
         stored = load_stored()
-        manifest, checked = checked_data((stored or {}).get("data_manifest"))
-    results = common.load_results(jobs, lambda job: run_dir(root, *job))
-    other = [f"{r['molecule']}/{r['model']}/seed {r['seed']}" for ms in results.values() for recs in ms.values()
-             for r in recs if r.get("budget", asdict(budget)) != asdict(budget)]
-    if other:  # --tables-only does not check ROOT/budget.json: a record must not be relabelled with this budget
-        raise SystemExit(f"[forces] runs in {root} of another budget than asked ({', '.join(other)}). Fix: the flags "
-                         "they ran with (--md-ps, --quick) or another --root")
-    if not args.quick:  # runs of the other molecules, models and seeds already in forces.json stay (and render)
-        results = common.merge_runs("forces", results, compatible=compatible, stored=stored or {})
-    costs = {}
-    for molecule, per_model in results.items():
-        timed = sorted({cost_model(m) for m in per_model if m != MACE or mb.available()})  # MACE: timed in its venv
-        if any(m != MACE for m in timed) and not args.quick:
-            try:
-                costs[molecule] = step_costs(root, molecule, timed, data_dir, budget, fresh=args.calibrate,
-                                             mace_dtype=args.mace_dtype)
-            except FileNotFoundError as exc:  # no data here: each run's own CPU seconds per step
-                print(f"[forces] {molecule}: no step costs ({exc})", flush=True)
-    with_step_cost_clock(results, costs)
-    text = tables(results, clock=args.clock)
-    for name, tbl in text.items():
-        print(f"### {name}\n\n{tbl}\n", flush=True)
-    if not results:
+        manifest, checked = (((stored or {}).get("data_manifest"), {}) if args.tables_only
+                             else checked_data((stored or {}).get("data_manifest")))
+        results = common.load_results(jobs, lambda job: run_dir(root, *job))
+        other = [f"{r['molecule']}/{r['model']}/seed {r['seed']}" for ms in results.values() for recs in ms.values()
+                 for r in recs if r.get("budget", asdict(budget)) != asdict(budget)]
+        if other:  # --tables-only does not check ROOT/budget.json: a record must not be relabelled with this budget
+            raise SystemExit(f"[forces] runs in {root} of another budget than asked ({', '.join(other)}). Fix: the flags "
+                             "they ran with (--md-ps, --quick) or another --root")
+        if not args.quick:  # runs of the other molecules, models and seeds already in forces.json stay (and render)
+            results = common.merge_runs("forces", results, compatible=compatible, stored=stored or {})
+        costs = {}
+        for molecule, per_model in results.items():
+            timed = sorted({cost_model(m) for m in per_model if m != MACE or mb.available()})  # MACE: timed in its venv
+            if any(m != MACE for m in timed) and not args.quick:
+                try:
+                    costs[molecule] = step_costs(root, molecule, timed, data_dir, budget, fresh=args.calibrate,
+                                                 mace_dtype=args.mace_dtype)
+                except FileNotFoundError as exc:  # no data here: each run's own CPU seconds per step
+                    print(f"[forces] {molecule}: no step costs ({exc})", flush=True)
+        with_step_cost_clock(results, costs)
+        text = tables(results, clock=args.clock)
+        for name, tbl in text.items():
+            print(f"### {name}\n\n{tbl}\n", flush=True)
+        if not results:
+            return 0
+        if args.quick:
+            print(f"### projected CPU time of one full run ({FULL.steps} steps, {FULL.md_ps:g} ps MD)\n\n"
+                  f"{projection(results, FULL)}\n", flush=True)
+        plots = plot_curves(results, (root if args.quick else common.RESULTS) / "plots", clock=args.clock)
+        payload = dict(description=__doc__.split("\n\n")[0], shape=SHAPE, models=MODELS, budget=asdict(budget),
+                       seeds=sorted({r["seed"] for ms in results.values() for recs in ms.values() for r in recs}), clock=args.clock, mace_dtype=args.mace_dtype,
+                       runs=results, step_costs=costs, tables=text)
+        if not args.tables_only:  # a re-rendering keeps the data folder, wall time and machine of the last run
+            payload.update(data_dir=str(data_dir), wall_s=time.perf_counter() - t0)
+        if manifest:
+            payload["data_manifest"] = manifest
+        if checked:
+            payload["data_checks"] = {**(stored or {}).get("data_checks", {}), **check_record(checked)}
+        # what the stored file holds beyond this call's fields (notes, the last run's wall_s) stays, in its order
+        payload = {k: payload.get(k, v) for k, v in (stored or {}).items()} | payload
+        if args.quick:
+            path = root / "forces.json"
+            path.write_text(json.dumps(payload, indent=1, default=str))
+        else:
+            path = common.save("forces", payload, machine=not args.tables_only)
+        print(f"[forces] wrote {path} and {', '.join(map(str, plots))}", flush=True)
         return 0
-    if args.quick:
-        print(f"### projected CPU time of one full run ({FULL.steps} steps, {FULL.md_ps:g} ps MD)\n\n"
-              f"{projection(results, FULL)}\n", flush=True)
-    plots = plot_curves(results, (root if args.quick else common.RESULTS) / "plots", clock=args.clock)
-    payload = dict(description=__doc__.split("\n\n")[0], shape=SHAPE, models=MODELS, budget=asdict(budget),
-                   seeds=sorted({r["seed"] for ms in results.values() for recs in ms.values() for r in recs}), clock=args.clock, mace_dtype=args.mace_dtype,
-                   runs=results, step_costs=costs, tables=text)
-    if not args.tables_only:  # a re-rendering keeps the data folder, wall time and machine of the last run
-        payload.update(data_dir=str(data_dir), wall_s=time.perf_counter() - t0)
-    if manifest:
-        payload["data_manifest"] = manifest
-    if checked:
-        payload["data_checks"] = {**(stored or {}).get("data_checks", {}), **check_record(checked)}
-    # what the stored file holds beyond this call's fields (notes, the last run's wall_s) stays, in its order
-    payload = {k: payload.get(k, v) for k, v in (stored or {}).items()} | payload
-    if args.quick:
-        path = root / "forces.json"
-        path.write_text(json.dumps(payload, indent=1, default=str))
-    else:
-        path = common.save("forces", payload, machine=not args.tables_only)
-    print(f"[forces] wrote {path} and {', '.join(map(str, plots))}", flush=True)
-    return 0
 
 
 if __name__ == "__main__":

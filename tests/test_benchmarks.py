@@ -171,6 +171,70 @@ def test_a_runs_record_is_never_left_half_written(bench_modules, monkeypatch, tm
     assert list(other.iterdir()) == []  # no result.json, no temporary file
 
 
+def lock_is_held(common, path: Path) -> bool:
+    """Whether a driver holds the lock of the results file ``path`` (tried without waiting)."""
+    import fcntl
+
+    with open(common.lock_file(path), "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        return False
+
+
+def test_two_drivers_ending_together_keep_both_runs(bench_modules, monkeypatch, tmp_path):
+    """Each driver reads the results file, merges its runs and writes it under the file's lock: the second
+    waits for the first's write instead of merging into the file as it was before (and dropping its runs)."""
+    import threading
+    import time
+
+    common = importlib.import_module("common")
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    path = common.results_file("forces")
+    common.save("forces", {"runs": {}}, machine=False)
+    first_has_read = threading.Event()
+
+    def driver(seed: int, *, slow: bool) -> None:
+        with common.locked(path):
+            stored = common.load("forces")
+            if slow:  # its tables and plots, while the other driver ends
+                first_has_read.set()
+                time.sleep(0.5)
+            runs = common.merge_runs("forces", {"ethanol": {"est-ffn": [{"seed": seed}]}},
+                                     compatible=lambda old: True, stored=stored)
+            common.save("forces", {"runs": runs}, machine=False)
+
+    first = threading.Thread(target=driver, args=(0,), kwargs=dict(slow=True))
+    first.start()
+    first_has_read.wait(timeout=10)
+    assert lock_is_held(common, path)
+    driver(1, slow=False)
+    first.join()
+    assert [r["seed"] for r in common.load("forces")["runs"]["ethanol"]["est-ffn"]] == [0, 1]
+    assert not lock_is_held(common, path)
+
+
+def test_accuracy_study_merges_and_writes_its_results_under_the_files_lock(bench_modules, monkeypatch, tmp_path):
+    study, _ = bench_modules
+    common = importlib.import_module("common")
+    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
+    monkeypatch.setenv("EST_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setattr(study, "load_results", lambda *a: {"emt": {"est-ffn": [{"seed": 0}]}})
+    monkeypatch.setattr(study, "tables", lambda results: {})
+    saved = []
+
+    def save(name, payload, **kw):
+        saved.append((name, lock_is_held(common, common.results_file(name))))
+        return common.results_file(name)
+
+    monkeypatch.setattr(study, "save", save)
+    assert study.main(["--tables-only", "--data", "emt", "--models", "est-ffn", "--seeds", "0", "--save-as", "acc",
+                       "--root", str(tmp_path / "runs")]) == 0
+    assert saved == [("acc", True)]
+    assert not lock_is_held(common, common.results_file("acc"))
+
+
 def test_interrupted_accuracy_run_writes_no_result(bench_modules, monkeypatch, tmp_path):
     """A run stopped by SIGTERM must exit non-zero without a result.json (one was recorded at 57 of 225 steps)."""
     import est.train

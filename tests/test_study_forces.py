@@ -822,7 +822,8 @@ def stored_ethanol_study(sf, fs, fc, monkeypatch, tmp_path):
 
 def test_a_long_run_merges_with_the_results_file_as_it_is_when_the_run_ends(sf, fs, fc, monkeypatch, tmp_path):
     """Two drivers share forces.json (one per core, hours each): the one that ends last keeps the runs and the
-    molecule the other merged while it trained, not the file it read when it started."""
+    molecule the other merged while it trained, not the file it read when it started, and it reads, merges and
+    writes the file under the file's lock (so two that end together keep both's runs)."""
     import json
     from dataclasses import asdict
 
@@ -839,8 +840,20 @@ def test_a_long_run_merges_with_the_results_file_as_it_is_when_the_run_ends(sf, 
             (run_dir(job) / "result.json").write_text(json.dumps(rec | {"budget": asdict(fs.FULL)}))
 
     monkeypatch.setattr(common, "launch", launch)
+    saved, save = [], common.save
+
+    def save_holding_the_lock(name, payload, **kw):  # another driver ending now waits for this write
+        import fcntl
+
+        with open(common.lock_file(common.results_file(name)), "w") as f, pytest.raises(BlockingIOError):
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        saved.append(name)
+        return save(name, payload, **kw)
+
+    monkeypatch.setattr(common, "save", save_holding_the_lock)
     assert sf.main(["--data-dir", str(data), "--molecules", "ethanol", "--models", "est-default", "--seeds", "1",
                     "--root", str(root)]) == 0
+    assert saved == ["forces"]
     after = json.loads((common.RESULTS / "forces.json").read_text())
     seeds = {m: [r["seed"] for r in recs] for m, recs in after["runs"]["ethanol"].items()}
     assert seeds == {"est-ffn": [0, 1], "est-default": [0, 1]}
