@@ -216,6 +216,7 @@ def test_two_drivers_ending_together_keep_both_runs(bench_modules, monkeypatch, 
 
 
 def test_accuracy_study_merges_and_writes_its_results_under_the_files_lock(bench_modules, monkeypatch, tmp_path):
+    """The accuracy study's driver holds its results file's lock from its merge to its write, and lets go."""
     study, _ = bench_modules
     common = importlib.import_module("common")
     monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
