@@ -389,11 +389,10 @@ def main(argv=None) -> int:
         except (FileNotFoundError, ValueError) as exc:
             raise SystemExit(f"[forces] {exc}") from None
 
-    stored = load_stored()
-    manifest, checked = (stored or {}).get("data_manifest"), {}
     if not args.tables_only:
         check_budget(root, budget)
-        manifest, checked = checked_data(manifest)  # before any run: each molecule's set is the stored runs' one
+        # before any run: each molecule's set is the stored runs' one (checked again, and kept, at the merge)
+        checked_data((load_stored() or {}).get("data_manifest"))
         if MACE in args.models and not mb.available():
             print(f"[forces] {mb.MISSING} ({mb.venv_python()})", flush=True)
             jobs = [j for j in jobs if j[1] != MACE]
