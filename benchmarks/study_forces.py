@@ -72,7 +72,7 @@ cost is its own run's CPU seconds per step, which carry that run's load.
 Every step cost is timed with glibc keeping freed memory (``est.train.malloc``;
 ``forces_clock.ALLOCATOR``, recorded as ``allocator``): glibc's default
 unmaps large freed blocks and the page faults cost MACE's float64 step
-1.3-1.6x against est's 1.1x, an allocator artefact, not the models' work
+1.3-1.65x against est's 1.1x, an allocator artefact, not the models' work
 (``bench_cpu_malloc.py``). MACE's own training runs keep freed memory too,
 for speed only.
 ``--clock cpu``
