@@ -84,7 +84,8 @@ def default_degree(lmax: int) -> int:
     Chosen from two measurements. Trained models: after training on QM9 (L = 2,
     ``benchmarks/study_accuracy.py``, seed 0) the rotation error of the
     predicted properties was 4.5e-4 at t = 8 (S = 36), 4.7e-6 at t = 12 and
-    4.1e-8 at t = 16 with identical accuracy (gap MAE 540 meV at all three);
+    4.1e-8 at t = 16 with identical accuracy (gap MAE 540 meV at all three;
+    logits not yet bounded: with the bound, t = 16 gives 4e-13 .. 9e-10 over three seeds);
     fairchem's EquiformerV2 measured 7.6e-8 .. 1.4e-6 over three seeds. Trained
     logits are sharper than initial ones, so the softmax aliases on sparse
     grids. Block cost (``benchmarks/bench_est_block.py``, C = 128): the attention
@@ -102,13 +103,14 @@ DEFAULT_LOGIT_CAP = 4.0
 def _default(lmax: int) -> dict:
     # our default: one spherical Transformer expert with its linear maps on the irreps coefficients
     # ("irreps" projections: no per-point LayerNorm, MLP width 2C carried by the values), on a
-    # spherical design of degree default_degree(L). Chosen in benchmarks/bench_est_block.py: cheaper
-    # than EquiformerV2's FFN at L = 4, ~1.3x at L = 6, and more equivariant than it at every L.
+    # spherical design of degree default_degree(L). Chosen in benchmarks/bench_est_block.py: 0.41x
+    # EquiformerV2's FFN block at L = 4, 0.68x at L = 6, and more equivariant than it at every L.
     # A steerable (FFN) expert can be added (num_steerable_experts=1); it then samples a design
     # never coarser than EquiformerV2's 18x18 grid: t = max(3L, 18).
     # The content logits are bounded by DEFAULT_LOGIT_CAP (est.nn.spherical_transformer, step 5):
     # trained attention sharpens, and unbounded logits alias on the design (ethanol, xTB: trained
-    # rotation error 3.3e-3 -> 1.4e-4 with the cap, force MAE 22.6 -> 21.4 meV/A; inert on QM9 and EMT).
+    # rotation error 3.3e-3 -> 1.4e-4 with the cap, force MAE within the seed noise, 21.8 -> 22.2 meV/A
+    # over three seeds; inert on QM9 and EMT).
     grid = GridConfig(kind="design", degree=default_degree(lmax), normalization="quadrature")
     ffn_grid = GridConfig(kind="design", degree=max(3 * lmax, 18), normalization="quadrature")
     return dict(grid=grid, ffn_grid=ffn_grid, num_steerable_experts=0, num_spherical_experts=1,
