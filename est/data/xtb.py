@@ -30,9 +30,10 @@ stride of 20 steps (10 fs, 4 force correlation times) makes consecutive frames'
 forces nearly independent (0.19), the training signal with 3N labels a frame;
 energies stay correlated (tau_int ~ 3.4 frames by this measurement, so about
 600 independent energies in 2,000 frames; the built training splits measure
-2.3-9.5 frames, 210-860 independent energies, aspirin the most correlated). Doubling the stride would halve that at twice the
-cost. The manifest records, per split, the lag-1 correlation of the written
-energies and forces and ``N / tau_int`` of the energies, measured on the data.
+2.3-9.5 frames, 210-860 independent energies, aspirin the most correlated).
+Doubling the stride would halve that at twice the cost. The manifest records,
+per split, the lag-1 correlation of the written energies and forces and
+``N / tau_int`` of the energies, measured on the data.
 
 An SCF that fails (``tblite`` raises, or returns NaN/inf) skips the frame in
 flight: the MD goes back to the last written frame (positions, momenta) with a
