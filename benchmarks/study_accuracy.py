@@ -40,7 +40,7 @@ Models (the shape of ``eqv2-tiny``, L = 3, 2 layers, 32 channels; QM9 uses the
 Data sets (both offline):
 
 * ``qm9``: real QM9 molecules (qm9pack), ``qm9_quick``'s subset of the
-  standard split (train 2,522 / val 229 / test 248: 3,000 split in proportion, each rounded), four targets
+  standard split (train 2,522 / val 229 / test 248; the config says how), four targets
   learned together: gap, U0 (minus atom references), mu, alpha. Test MAE.
 * ``emt``: the EMT OC20-layout S2EF set (``oc20_s2ef_quick``: 800 frames,
   direct forces, lambda_E 2 / lambda_F 100). Validation energy / force MAE,
